@@ -1,0 +1,42 @@
+"""`etserve` / `python -m app`: serve a model under gunicorn with the project's config.
+
+Each flag sets its ETSERVE_* environment variable, then gunicorn starts with
+gunicorn.conf.py; a deployment that sets only the environment is equivalent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from app.settings import SETTINGS
+
+CONFIG = Path(__file__).resolve().parents[1] / "gunicorn.conf.py"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="etserve",
+        description="OpenAI-compatible server for ExecuTorch LLMs (gunicorn, one gevent worker).",
+        epilog="Every flag can also be set by its environment variable.",
+    )
+    for s in SETTINGS:
+        p.add_argument(s.flag, dest=s.name, default=None, metavar=s.env,
+                       help=f"{s.help} (env {s.env}, default {s.default or 'none'})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    env = dict(os.environ)
+    for s in SETTINGS:
+        value = getattr(args, s.name)
+        if value is not None:
+            env[s.env] = str(value)
+    os.execve(sys.executable, [sys.executable, "-m", "gunicorn", "-c", str(CONFIG)], env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""The engine: the ctypes binding to native/, the generation lock, prefix reuse."""
+
+from .cancel import CancelToken
+from .engine import ContextLengthError, Engine, Generation, GenerationRequest, GenerationStats, TokenEvent
+from .native import ModelInfo, NativeError, NativeModel, set_num_threads
+from .sampling import SamplingParams
+
+__all__ = [
+    "CancelToken",
+    "ContextLengthError",
+    "Engine",
+    "Generation",
+    "GenerationRequest",
+    "GenerationStats",
+    "ModelInfo",
+    "NativeError",
+    "NativeModel",
+    "SamplingParams",
+    "TokenEvent",
+    "set_num_threads",
+]

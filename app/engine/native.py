@@ -1,0 +1,211 @@
+"""ctypes binding to native/build/libetserve.so: one class per C handle, 1:1 with etserve.h."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .sampling import SamplingParams
+
+_DEFAULT_LIBRARY = Path(__file__).resolve().parents[2] / "native" / "build" / "libetserve.so"
+
+
+class NativeError(RuntimeError):
+    """A call into the native runtime failed; the message is the runtime's own."""
+
+    def __init__(self, message: str, code: int = 3):
+        super().__init__(message)
+        self.code = code
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [
+        ("vocab_size", ctypes.c_int64),
+        ("max_seq_len", ctypes.c_int64),
+        ("max_context_len", ctypes.c_int64),
+        ("max_prefill_len", ctypes.c_int64),
+        ("bos_id", ctypes.c_int64),
+        ("n_eos", ctypes.c_int64),
+        ("eos_ids", ctypes.c_int64 * 8),
+        ("use_kv_cache", ctypes.c_int32),
+        ("dynamic_shape", ctypes.c_int32),
+        ("positions_are_vector", ctypes.c_int32),
+        ("logits_dtype", ctypes.c_int32),
+    ]
+
+
+class _Sampling(ctypes.Structure):
+    _fields_ = [
+        ("temperature", ctypes.c_float),
+        ("top_k", ctypes.c_int32),
+        ("top_p", ctypes.c_float),
+        ("min_p", ctypes.c_float),
+        ("repetition_penalty", ctypes.c_float),
+        ("presence_penalty", ctypes.c_float),
+        ("frequency_penalty", ctypes.c_float),
+        ("history", ctypes.POINTER(ctypes.c_int32)),
+        ("n_history", ctypes.c_int32),
+        ("bias_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("bias_values", ctypes.POINTER(ctypes.c_float)),
+        ("n_bias", ctypes.c_int32),
+    ]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the .pte says about itself (its metadata methods and forward signature)."""
+
+    vocab_size: int
+    max_seq_len: int
+    max_context_len: int
+    max_prefill_len: int
+    bos_id: int | None
+    eos_ids: tuple[int, ...]
+    dynamic_shape: bool
+
+
+def _load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
+    path = Path(path or os.environ.get("ETSERVE_NATIVE_LIB") or _DEFAULT_LIBRARY)
+    if not path.exists():
+        raise NativeError(f"native library not found at {path}; build it with `make -C native`")
+    lib = ctypes.CDLL(str(path))
+    p_model = ctypes.c_void_p
+    sig = {
+        "ets_set_log_level": (None, [ctypes.c_int]),
+        "ets_set_num_threads": (ctypes.c_int, [ctypes.c_int]),
+        "ets_get_num_threads": (ctypes.c_int, []),
+        "ets_model_open": (p_model, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+        "ets_model_close": (None, [p_model]),
+        "ets_model_error": (ctypes.c_char_p, [p_model]),
+        "ets_model_get_info": (ctypes.c_int, [p_model, ctypes.POINTER(_Info)]),
+        "ets_forward": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64]),
+        "ets_get_logits": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
+        "ets_forward_calls": (ctypes.c_int64, [p_model]),
+        "ets_forward_tokens": (ctypes.c_int64, [p_model]),
+        "ets_sample": (
+            ctypes.c_int,
+            [p_model, ctypes.POINTER(_Sampling), ctypes.POINTER(ctypes.c_uint64),
+             ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)],
+        ),
+    }
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+_lib: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    """The process-wide native library, loaded on first use."""
+    global _lib
+    if _lib is None:
+        _lib = _load_library()
+    return _lib
+
+
+def set_num_threads(n: int) -> int:
+    """Resize the runtime's shared thread pool (0: one thread per core); returns the new size."""
+    lib = library()
+    if lib.ets_set_num_threads(n) != 0:
+        raise NativeError("cannot resize the runtime thread pool")
+    return lib.ets_get_num_threads()
+
+
+def _int32_array(values: Sequence[int]):
+    return (ctypes.c_int32 * len(values))(*values) if values else None
+
+
+class NativeModel:
+    """One loaded .pte. Not thread-safe: the engine serializes every call."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._lib = library()
+        err = ctypes.create_string_buffer(4096)
+        handle = self._lib.ets_model_open(os.fsencode(path), err, len(err))
+        if not handle:
+            raise NativeError(err.value.decode("utf-8", "replace"), 1)
+        self._handle = handle
+        raw = _Info()
+        self._check(self._lib.ets_model_get_info(handle, ctypes.byref(raw)))
+        self.info = ModelInfo(
+            vocab_size=raw.vocab_size,
+            max_seq_len=raw.max_seq_len,
+            max_context_len=raw.max_context_len,
+            max_prefill_len=raw.max_prefill_len,
+            bos_id=raw.bos_id if raw.bos_id >= 0 else None,
+            eos_ids=tuple(raw.eos_ids[i] for i in range(raw.n_eos)),
+            dynamic_shape=bool(raw.dynamic_shape),
+        )
+        self._token = ctypes.c_int32()
+        self._logprob = ctypes.c_float()
+        self._rng = ctypes.c_uint64()
+
+    def _check(self, status: int) -> None:
+        if status != 0:
+            message = self._lib.ets_model_error(self._handle) or b"native call failed"
+            raise NativeError(message.decode("utf-8", "replace"), status)
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.ets_model_close(self._handle)
+            self._handle = None
+
+    def __del__(self):  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def forward(self, tokens: Sequence[int], start_pos: int) -> None:
+        """Run tokens at positions start_pos.. and keep the last position's logits."""
+        buf = (ctypes.c_int64 * len(tokens))(*tokens)
+        self._check(self._lib.ets_forward(self._handle, buf, len(tokens), start_pos))
+
+    def logits(self) -> array:
+        out = array("f", bytes(4 * self.info.vocab_size))
+        ptr = (ctypes.c_float * len(out)).from_buffer(out)
+        self._check(self._lib.ets_get_logits(self._handle, ptr, len(out)))
+        return out
+
+    def sample(self, params: SamplingParams, rng_state: int, history: Sequence[int] = ()) -> tuple[int, float, int]:
+        """Pick the next token; returns (token id, its model logprob, next rng state)."""
+        bias_ids = list(params.logit_bias)
+        c = _Sampling(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            n_history=0,
+            n_bias=len(bias_ids),
+        )
+        if params.uses_history and history:
+            hist = _int32_array(history)
+            c.history = hist
+            c.n_history = len(history)
+        if bias_ids:
+            ids = _int32_array(bias_ids)
+            values = (ctypes.c_float * len(bias_ids))(*(params.logit_bias[i] for i in bias_ids))
+            c.bias_ids = ids
+            c.bias_values = values
+        self._rng.value = rng_state
+        self._check(self._lib.ets_sample(self._handle, ctypes.byref(c), ctypes.byref(self._rng),
+                                         ctypes.byref(self._token), ctypes.byref(self._logprob)))
+        return self._token.value, self._logprob.value, self._rng.value
+
+    @property
+    def forward_calls(self) -> int:
+        return self._lib.ets_forward_calls(self._handle)
+
+    @property
+    def forward_tokens(self) -> int:
+        return self._lib.ets_forward_tokens(self._handle)

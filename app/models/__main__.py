@@ -1,0 +1,66 @@
+"""Command line: ``python -m app.models {build,path,list,verify} ...``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from .registry import DEFAULT_MAX_SEQ_LEN, MODELS, QUANTIZE_CHOICES, model_dir, resolve_options
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=sorted(MODELS), help="model name")
+    p.add_argument("--max-seq-len", type=int, default=None, help=f"context length (default {DEFAULT_MAX_SEQ_LEN})")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None, help="weight quantization (default per model)")
+    p.add_argument("--custom-ops", action=argparse.BooleanOptionalAction, default=None,
+                   help="export with llama::custom_sdpa / llama::update_cache")
+    p.add_argument("--out", default=None, help="model directory (default: under the cache root)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m app.models", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build a model directory")
+    _add_model_args(b)
+    b.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    b.add_argument("--verbose", action="store_true", help="show the exporter's output")
+    _add_model_args(sub.add_parser("path", help="print the directory build would produce"))
+    sub.add_parser("list", help="known models and their defaults")
+    v = sub.add_parser("verify", help="compare the built .pte with transformers on the same GGUF")
+    _add_model_args(v)
+    v.add_argument("--prompt", default=None, help="user message (default: a short question)")
+    v.add_argument("--new-tokens", type=int, default=32, help="greedy tokens to compare")
+    v.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens tokens")
+    v.add_argument("--no-reference", action="store_true", help="only run the .pte and print its text")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "list":
+        for name, spec in MODELS.items():
+            opts = resolve_options(name)
+            print(f"{name:20s} {opts.variant:22s} {spec.description}")
+        return 0
+    opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops)
+    out = model_dir(args.name, opts, args.out)
+    if args.command == "path":
+        print(out)
+        return 0
+    if args.command == "build":
+        from .build import build
+
+        print(build(args.name, opts, out=out, force=args.force, verbose=args.verbose))
+        return 0
+    if args.command == "verify":
+        from .verify import verify
+
+        report = verify(args.name, out, prompt=args.prompt, new_tokens=args.new_tokens,
+                        reference=not args.no_reference, ignore_eos=args.ignore_eos)
+        return 0 if report.get("ok", True) else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Build a model directory: GGUF -> tokenizer files + checkpoint -> ``model.pte`` -> ``etserve.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any, Optional
+
+from .registry import BuildOptions, ModelSpec, get_spec, model_dir
+
+MANIFEST = "etserve.json"
+MANIFEST_VERSION = 1
+
+
+def _dist_version(dist: str) -> Optional[str]:
+    try:
+        return importlib_metadata.version(dist)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def read_manifest(directory: Path) -> Optional[dict[str, Any]]:
+    """The ``etserve.json`` of a complete build, or None."""
+    try:
+        return json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def manifest_matches(manifest: Optional[dict[str, Any]], spec: ModelSpec, options: BuildOptions) -> bool:
+    """Whether a manifest describes a complete build of ``spec`` with ``options``."""
+    if not manifest:
+        return False
+    return (
+        manifest.get("manifest_version") == MANIFEST_VERSION
+        and manifest.get("name") == spec.name
+        and manifest.get("max_seq_len") == options.max_seq_len
+        and manifest.get("quantize") == options.quantize
+        and manifest.get("custom_ops") == options.custom_ops
+        and manifest.get("group_size") == (spec.group_size if options.quantize != "none" else None)
+    )
+
+
+def _install(tmp: Path, target: Path) -> None:
+    """Replace ``target`` by ``tmp`` (both on one filesystem)."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def build(
+    name: str,
+    options: BuildOptions,
+    out: Optional[Path] = None,
+    force: bool = False,
+    verbose: bool = False,
+) -> Path:
+    """Build ``name`` with ``options`` (no-op if an identical complete build exists); returns its directory."""
+    from .progress import Stages
+
+    spec = get_spec(name)
+    target = model_dir(name, options, out)
+    if not force and manifest_matches(read_manifest(target), spec, options):
+        print(f"up to date: {target}", file=sys.stderr)
+        return target
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    work = Path(tempfile.mkdtemp(prefix="etserve-ckpt-"))
+    stages = Stages(5)
+    print(f"building {name} ({options.variant}) into {target}", file=sys.stderr)
+    try:
+        with stages.stage("locating GGUF"):
+            from .gguf_source import locate_gguf, sha256_file
+
+            gguf_path = locate_gguf(spec)
+            source = {
+                "packages": [
+                    {"name": p.replace("_", "-"), "version": _dist_version(p.replace("_", "-"))} for p in spec.packages
+                ],
+                "gguf_size": gguf_path.stat().st_size,
+                "gguf_sha256": sha256_file(gguf_path),
+            }
+
+        with stages.stage("reading GGUF, writing tokenizer files"):
+            from .gguf_meta import open_gguf, read_metadata
+            from .tokenizer_files import write_tokenizer_files
+
+            reader = open_gguf(gguf_path)
+            md = read_metadata(reader)
+            tok_cfg = write_tokenizer_files(md, spec, tmp, options.max_seq_len)
+
+        with stages.stage("dequantizing weights to a checkpoint"):
+            from .checkpoint import write_checkpoint
+
+            ckpt, params_path, params = write_checkpoint(reader, md, spec, work)
+            del reader, md
+            shutil.copyfile(params_path, tmp / "params.json")
+
+        export_started = time.monotonic()
+        label = f"exporting model.pte ({options.quantize}, {'custom ops' if options.custom_ops else 'no custom ops'})"
+        with stages.stage(label):
+            from .export import export_pte, make_llm_config
+
+            pte = tmp / "model.pte"
+            cfg = make_llm_config(
+                ckpt, params_path, options,
+                group_size=spec.group_size,
+                bos_id=tok_cfg["bos_token_id"],
+                eos_ids=tok_cfg["eos_token_ids"],
+                output=pte,
+            )
+            export_pte(cfg, pte, custom_ops=options.custom_ops, verbose=verbose)
+        export_seconds = time.monotonic() - export_started
+
+        with stages.stage("writing manifest"):
+            manifest = {
+                "manifest_version": MANIFEST_VERSION,
+                "name": spec.name,
+                "architecture": spec.architecture,
+                "source": source,
+                "max_seq_len": options.max_seq_len,
+                "quantize": options.quantize,
+                "group_size": spec.group_size if options.quantize != "none" else None,
+                "custom_ops": options.custom_ops,
+                "variant": options.variant,
+                "vocab_size": params["vocab_size"],
+                "eos_token_ids": tok_cfg["eos_token_ids"],
+                "bos_token_id": tok_cfg["bos_token_id"],
+                "files": {f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "build_seconds": round(stages.elapsed(), 1),
+                "export_seconds": round(export_seconds, 1),
+                "peak_rss_mb": _peak_rss_mb(),
+                "versions": {d: _dist_version(d) for d in ("torch", "executorch", "gguf", "tokenizers")},
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            _install(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"built {target} in {stages.elapsed():.0f}s", file=sys.stderr)
+    return target

@@ -1,0 +1,109 @@
+"""GGUF -> dequantized fp32 state dict and ``params.json`` in ExecuTorch's llama naming (build time)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .gguf_meta import arch_value
+from .registry import ModelSpec
+
+# GGUF tensor name -> ExecuTorch llama_transformer name ("{}" is the layer index).
+_GLOBAL_NAMES = {
+    "token_embd.weight": "tok_embeddings.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "output.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "attention_norm.weight",
+    "attn_q.weight": "attention.wq.weight",
+    "attn_q.bias": "attention.wq.bias",
+    "attn_k.weight": "attention.wk.weight",
+    "attn_k.bias": "attention.wk.bias",
+    "attn_v.weight": "attention.wv.weight",
+    "attn_v.bias": "attention.wv.bias",
+    "attn_output.weight": "attention.wo.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "ffn_gate.weight": "feed_forward.w1.weight",
+    "ffn_down.weight": "feed_forward.w2.weight",
+    "ffn_up.weight": "feed_forward.w3.weight",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def executorch_name(gguf_name: str) -> str:
+    """ExecuTorch llama parameter name for a GGUF tensor name."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.match(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    raise KeyError(f"unexpected GGUF tensor {gguf_name!r}")
+
+
+def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool) -> dict[str, Any]:
+    """``params.json`` content (ExecuTorch ``ModelArgs``) from GGUF metadata."""
+    arch = md["general.architecture"]
+    if arch != spec.architecture:
+        raise ValueError(f"GGUF architecture {arch!r}, expected {spec.architecture!r}")
+    dim = int(arch_value(md, "embedding_length"))
+    n_heads = int(arch_value(md, "attention.head_count"))
+    vocab = arch_value(md, "vocab_size") or len(md["tokenizer.ggml.tokens"])
+    return {
+        "dim": dim,
+        "n_layers": int(arch_value(md, "block_count")),
+        "n_heads": n_heads,
+        "n_kv_heads": int(arch_value(md, "attention.head_count_kv", n_heads)),
+        "head_dim": int(arch_value(md, "rope.dimension_count", dim // n_heads)),
+        "vocab_size": int(vocab),
+        "hidden_dim": int(arch_value(md, "feed_forward_length")),
+        "norm_eps": float(arch_value(md, "attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(arch_value(md, "rope.freq_base", 10000.0)),
+        "use_scaled_rope": False,
+        "use_hf_rope": spec.use_hf_rope,
+        "attention_qkv_bias": has_qkv_bias,
+    }
+
+
+def dequantized_state_dict(reader, spec: ModelSpec) -> dict:
+    """All GGUF tensors dequantized to fp32 torch tensors, in PyTorch (out, in) shape."""
+    import numpy as np
+    import torch
+    from gguf.quants import dequantize
+
+    sd = {}
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        arr = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, order="C").reshape(shape)  # own copy
+        sd[executorch_name(t.name)] = torch.from_numpy(arr)
+    if "output.weight" not in sd:
+        if not spec.tied_output:
+            raise ValueError(f"{spec.name}: GGUF has no output.weight but model is not tied")
+        sd["output.weight"] = sd["tok_embeddings.weight"]
+    elif spec.tied_output:
+        raise ValueError(f"{spec.name}: GGUF has a separate output.weight but model is declared tied")
+    return sd
+
+
+def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path) -> tuple[Path, Path, dict]:
+    """Write ``checkpoint.pth`` and ``params.json`` into ``work_dir``; returns their paths and params.
+
+    ``work_dir`` must not contain "int8" or "8da4w": the exporter switches to pre-quantized loading
+    when the checkpoint path contains those substrings.
+    """
+    import torch
+
+    if "int8" in str(work_dir) or "8da4w" in str(work_dir):
+        raise ValueError(f"checkpoint dir {work_dir} must not contain 'int8' or '8da4w'")
+    sd = dequantized_state_dict(reader, spec)
+    params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd)
+    ckpt = work_dir / "checkpoint.pth"
+    params_path = work_dir / "params.json"
+    # Untie (clone) so torch.save stores two tensors the model loads independently.
+    if sd["output.weight"] is sd["tok_embeddings.weight"]:
+        sd["output.weight"] = sd["output.weight"].clone()
+    torch.save(sd, ckpt)
+    params_path.write_text(json.dumps(params, indent=2))
+    return ckpt, params_path, params

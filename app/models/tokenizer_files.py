@@ -1,0 +1,114 @@
+"""``tokenizer.json`` and ``tokenizer_config.json`` from GGUF metadata (build time; needs ``tokenizers``)."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .registry import ModelSpec
+
+# llama.cpp token types.
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+# Qwen2's pre-tokenizer split (transformers' models/qwen2 PRETOKENIZE_REGEX): digits one by one.
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _byte_level_spelling(token: str) -> str:
+    """A vocabulary entry in the byte alphabet (GGUF stores them so already, except oddities)."""
+    table = _byte_alphabet()
+    if set(token) <= set(table.values()):
+        return token
+    return "".join(table[b] for b in token.encode("utf-8"))
+
+
+def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
+    """A ``tokenizers.Tokenizer`` replicating the model's original Hugging Face tokenizer."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    if md.get("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"only byte-level BPE (gpt2) GGUF tokenizers are supported, got {md.get('tokenizer.ggml.model')!r}")
+    tokens: list[str] = md["tokenizer.ggml.tokens"]
+    types: list[int] = md["tokenizer.ggml.token_type"]
+    vocab = {_byte_level_spelling(t): i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in md["tokenizer.ggml.merges"]]
+    bpe = models.BPE(
+        vocab=vocab, merges=merges, dropout=None, unk_token=None,
+        continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False,
+    )
+    tok = Tokenizer(bpe)
+    if spec.split_digits:  # SmolLM2 (GGUF pre "smollm"): digits split individually, then GPT-2 regex
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ])
+    elif md.get("tokenizer.ggml.pre") == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+    else:
+        raise ValueError(f"unsupported pre-tokenizer {md.get('tokenizer.ggml.pre')!r}")
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel()
+    added = [
+        AddedToken(t, special=(ty == TOKEN_CONTROL), normalized=False)
+        for t, ty in zip(tokens, types)
+        if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+    ]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+    return tok
+
+
+def tokenizer_config(md: dict[str, Any], spec: ModelSpec, max_seq_len: int) -> dict[str, Any]:
+    """``tokenizer_config.json`` content."""
+    tokens = md["tokenizer.ggml.tokens"]
+    eos_id = int(md["tokenizer.ggml.eos_token_id"])
+    eos_ids = [eos_id] + [i for i in spec.eos_token_ids if i != eos_id]
+
+    def tok(key: str):
+        i = md.get(f"tokenizer.ggml.{key}")
+        return tokens[int(i)] if i is not None else None
+
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": md.get("tokenizer.chat_template"),
+        "bos_token": tok("bos_token_id"),
+        "eos_token": tok("eos_token_id"),
+        "pad_token": tok("padding_token_id"),
+        "unk_token": tok("unknown_token_id"),
+        "add_bos_token": bool(md.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(max_seq_len),
+        "eos_token_ids": eos_ids,
+        "bos_token_id": int(md["tokenizer.ggml.bos_token_id"]),
+    }
+
+
+def write_tokenizer_files(md: dict[str, Any], spec: ModelSpec, out_dir: Path, max_seq_len: int) -> dict[str, Any]:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json``; returns the config."""
+    build_tokenizer(md, spec).save(str(out_dir / "tokenizer.json"))
+    cfg = tokenizer_config(md, spec, max_seq_len)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    return cfg

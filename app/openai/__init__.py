@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API: a folder per capability (routes, request shapes, serving logic)."""

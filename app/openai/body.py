@@ -1,0 +1,59 @@
+"""Reading a JSON request body: size limit, content type, strict JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import falcon
+
+from .errors import APIError
+
+MAX_DEPTH = 64
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of decoded JSON, stopping once past `limit`."""
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        if depth > limit:
+            return depth
+        nxt = []
+        for v in level:
+            if isinstance(v, dict):
+                nxt.extend(v.values())
+            elif isinstance(v, list):
+                nxt.extend(v)
+        level = nxt
+    return depth
+
+
+def read_json(req: falcon.Request, max_bytes: int) -> Any:
+    ctype = (req.content_type or "application/json").split(";")[0].strip().lower()
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise APIError(415, f"content type {ctype!r} is not supported; send application/json",
+                       code="unsupported_media_type")
+    length = req.content_length
+    if length is not None and length > max_bytes:
+        raise APIError(413, f"the request body is {length} bytes; the limit is {max_bytes}",
+                       code="request_too_large")
+    raw = req.bounded_stream.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise APIError(413, f"the request body is over the limit of {max_bytes} bytes", code="request_too_large")
+    if not raw:
+        raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_constant=_no_constants)
+    except UnicodeDecodeError:
+        raise APIError(400, "the request body is not valid UTF-8", code="invalid_json") from None
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if _depth(body, MAX_DEPTH) > MAX_DEPTH:
+        raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+    return body

@@ -1,0 +1,141 @@
+"""The chat completion request: parsed and validated, nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import APIError, invalid_value
+from ..fields import Fields
+from ..generation_params import GenerationParams, parse_generation_params
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_MESSAGES = 4096
+
+# Fields OpenAI treats as bookkeeping: accepted, and they change nothing.
+METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+
+
+@dataclass(frozen=True)
+class ChatCompletionRequest:
+    model: str | None
+    messages: list[dict[str, Any]]
+    params: GenerationParams
+    stream: bool
+    include_usage: bool
+    tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any]
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_request")
+    f = Fields(body)
+    model = f.string("model", None)
+    messages = _messages(f.raw("messages"))
+    params = parse_generation_params(f)
+    stream = f.boolean("stream", False)
+    options = f.obj("stream_options") or {}
+    if options and not stream:
+        raise invalid_value("stream_options", "'stream_options' is only allowed with stream: true")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise invalid_value("stream_options.include_usage", "'include_usage' must be a boolean")
+    n = f.integer("n", 1, lo=1)
+    if n != 1:
+        raise invalid_value("n", "only n=1 is supported")
+    tools = _tools(f.array("tools"))
+    tool_choice = f.raw("tool_choice")
+    if tool_choice not in (None, "auto", "none"):
+        raise invalid_value("tool_choice", "only tool_choice 'auto' and 'none' are supported so far")
+    if tool_choice == "none":
+        tools = None  # OpenAI: the model sees no tools
+    f.raw("parallel_tool_calls")
+    template_kwargs = f.obj("chat_template_kwargs") or {}
+    for name in METADATA_FIELDS:
+        f.raw(name)
+    _refuse_unknown(f)
+    return ChatCompletionRequest(
+        model=model,
+        messages=messages,
+        params=params,
+        stream=stream,
+        include_usage=include_usage,
+        tools=tools,
+        template_kwargs=template_kwargs,
+    )
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        raise APIError(400, "'messages' is required", code="missing_required_parameter", param="messages")
+    if not isinstance(value, list) or not value:
+        raise invalid_value("messages", "'messages' must be a non-empty array")
+    if len(value) > MAX_MESSAGES:
+        raise invalid_value("messages", f"'messages' holds at most {MAX_MESSAGES} entries")
+    return [_message(i, m) for i, m in enumerate(value)]
+
+
+def _message(i: int, m: Any) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise invalid_value(where, f"'{where}' must be an object")
+    role = m.get("role")
+    if role not in ROLES:
+        raise invalid_value(f"{where}.role", f"'{where}.role' must be one of {', '.join(ROLES)}")
+    out = dict(m)
+    out["content"] = _content(where, role, m.get("content"), has_tool_calls=bool(m.get("tool_calls")))
+    if role == "developer":  # templates know only "system"
+        out["role"] = "system"
+    return out
+
+
+def _content(where: str, role: str, content: Any, *, has_tool_calls: bool) -> str | None:
+    if content is None:
+        if role == "assistant" and has_tool_calls:
+            return None
+        if role == "assistant":
+            return ""
+        raise invalid_value(f"{where}.content", f"'{where}.content' is required")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise invalid_value(f"{where}.content[{j}]",
+                                    f"content part of type {kind!r} is not supported; this model reads text only")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise invalid_value(f"{where}.content[{j}].text", "a text content part needs a string 'text'")
+            parts.append(text)
+        return "".join(parts)
+    raise invalid_value(f"{where}.content", f"'{where}.content' must be a string or an array of text parts")
+
+
+def _tools(value: list[Any] | None) -> list[dict[str, Any]] | None:
+    if not value:
+        return None
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise invalid_value(f"tools[{i}]", "each tool must be {\"type\": \"function\", \"function\": {...}}")
+        if not isinstance(tool["function"].get("name"), str):
+            raise invalid_value(f"tools[{i}].function.name", "each function needs a string 'name'")
+    return value
+
+
+# Known OpenAI parameters this server does not implement yet: refused by name
+# rather than silently ignored.
+NOT_SUPPORTED = ("logprobs", "top_logprobs", "response_format", "audio", "modalities", "prediction",
+                 "reasoning_effort", "web_search_options", "functions", "function_call")
+
+
+def _refuse_unknown(f: Fields) -> None:
+    for name in NOT_SUPPORTED:
+        if f.body.get(name) not in (None, False):
+            raise invalid_value(name, f"'{name}' is not supported by this server")
+        f.raw(name)
+    unknown = sorted(set(f.body) - f.seen)
+    if unknown:
+        raise invalid_value(unknown[0], f"unknown parameter '{unknown[0]}'")

@@ -1,0 +1,91 @@
+"""OpenAI-style errors: one exception type, one envelope, Falcon handlers for the rest."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import falcon
+
+log = logging.getLogger("etserve")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class APIError(Exception):
+    """An error a client sees as {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
+
+    def to_dict(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid_value(param: str, message: str) -> APIError:
+    return APIError(400, message, code="invalid_value", param=param)
+
+
+def _write(resp: falcon.Response, err: APIError) -> None:
+    resp.status = falcon.code_to_http_status(err.status)
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = json.dumps(err.to_dict())
+    for name, value in err.headers.items():
+        resp.set_header(name, value)
+
+
+def handle_api_error(req, resp, ex: APIError, params) -> None:
+    _write(resp, ex)
+
+
+def handle_http_error(req, resp, ex: falcon.HTTPError, params) -> None:
+    """Falcon's own errors (unknown route, wrong method, ...) in our envelope."""
+    status = ex.status_code
+    if status == 404:
+        message = f"no route for {req.method} {req.path}"
+        code = "not_found"
+    elif status == 405:
+        message = f"method {req.method} is not allowed on {req.path}"
+        code = "method_not_allowed"
+    else:
+        message = ex.description or ex.title or "request error"
+        code = (ex.code if isinstance(ex.code, str) else None) or None
+    err = APIError(status, message, code=code)
+    _write(resp, err)
+    for name, value in (ex.headers or {}).items():
+        if name.lower() != "content-type":
+            resp.set_header(name, value)
+
+
+def handle_unexpected(req, resp, ex: Exception, params) -> None:
+    """Anything else: log it with its traceback, tell the client nothing internal."""
+    if isinstance(ex, falcon.HTTPError):
+        handle_http_error(req, resp, ex, params)
+        return
+    log.exception("unhandled error on %s %s", req.method, req.path)
+    _write(resp, APIError(500, "internal server error", code="internal_error"))
+
+
+def install(app: falcon.App) -> None:
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, handle_http_error)
+    app.add_error_handler(APIError, handle_api_error)

@@ -1,0 +1,83 @@
+"""Typed reads of request fields; each failure is a 400 that names the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import invalid_value
+
+_MISSING = object()
+
+
+class Fields:
+    """Reads fields out of one JSON object and remembers which it has read."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+        self.seen: set[str] = set()
+
+    def raw(self, name: str) -> Any:
+        self.seen.add(name)
+        value = self.body.get(name, _MISSING)
+        return None if value is _MISSING else value
+
+    def number(self, name: str, default: float | None, *, lo: float | None = None, hi: float | None = None,
+               lo_open: bool = False) -> float | None:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise invalid_value(name, f"'{name}' must be a number")
+        if lo is not None and (value < lo or (lo_open and value == lo)):
+            bound = f"greater than {lo}" if lo_open else f"at least {lo}"
+            raise invalid_value(name, f"'{name}' must be {bound}, got {value}")
+        if hi is not None and value > hi:
+            raise invalid_value(name, f"'{name}' must be at most {hi}, got {value}")
+        return float(value)
+
+    def integer(self, name: str, default: int | None, *, lo: int | None = None, hi: int | None = None) -> int | None:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise invalid_value(name, f"'{name}' must be an integer")
+        if lo is not None and value < lo:
+            raise invalid_value(name, f"'{name}' must be at least {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise invalid_value(name, f"'{name}' must be at most {hi}, got {value}")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise invalid_value(name, f"'{name}' must be a boolean")
+        return value
+
+    def string(self, name: str, default: str | None) -> str | None:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise invalid_value(name, f"'{name}' must be a string")
+        return value
+
+    def obj(self, name: str) -> dict[str, Any] | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise invalid_value(name, f"'{name}' must be an object")
+        return value
+
+    def array(self, name: str) -> list[Any] | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise invalid_value(name, f"'{name}' must be an array")
+        return value

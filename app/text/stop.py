@@ -1,0 +1,57 @@
+"""Stop-string detection over streamed text."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Cuts a text stream at the earliest occurrence of any stop string.
+
+    Text that might still turn out to be the start of a stop string is held back.
+    The result over a whole stream equals the full text cut at the earliest stop
+    occurrence, however the text is split into pushes.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops: tuple[str, ...] = tuple(sorted({s for s in stops if s}, key=len))
+        self._held = ""
+        self.stopped = False
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit now, stopped?)."""
+        if self.stopped:
+            return "", True
+        if not self._stops:
+            return text, False
+        buf = self._held + text
+        match = self._earliest_match(buf)
+        pending = self._earliest_partial(buf, len(buf) if match is None else match)
+        if match is not None and pending is None:
+            self.stopped, self._held = True, ""
+            return buf[:match], True
+        cut = len(buf) if pending is None else pending
+        self._held = buf[cut:]
+        return buf[:cut], False
+
+    def flush(self) -> str:
+        """End of generation: release held text (up to a stop, if one had matched)."""
+        if self.stopped:
+            return ""
+        buf, self._held = self._held, ""
+        match = self._earliest_match(buf)
+        if match is not None:
+            self.stopped = True
+            return buf[:match]
+        return buf
+
+    def _earliest_match(self, buf: str) -> int | None:
+        found = [i for s in self._stops if (i := buf.find(s)) >= 0]
+        return min(found) if found else None
+
+    def _earliest_partial(self, buf: str, limit: int) -> int | None:
+        """First position before ``limit`` where ``buf``'s tail is a proper prefix of a stop."""
+        start = max(0, len(buf) - len(self._stops[-1]) + 1)
+        for pos in range(start, limit):
+            tail = buf[pos:]
+            if any(len(s) > len(tail) and s.startswith(tail) for s in self._stops):
+                return pos
+        return None

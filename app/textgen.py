@@ -1,0 +1,47 @@
+"""From token events to text deltas: incremental detokenizing, then stop strings.
+
+Shared by every completion route; knows nothing of HTTP or OpenAI shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from app.engine import Generation
+from app.text.detokenizer import IncrementalDetokenizer
+from app.text.stop import StopMatcher
+from app.text.tokenizer import Tokenizer
+
+
+class TextStream:
+    """Iterate for text deltas; afterwards `finish_reason` and `stats` say how it ended."""
+
+    def __init__(self, generation: Generation, tokenizer: Tokenizer, stops: tuple[str, ...] = ()):
+        self.generation = generation
+        self.stats = generation.stats
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
+        self._stops = StopMatcher(list(stops))
+        self.finish_reason: str | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            for event in self.generation:
+                text, stopped = self._stops.push(self._detok.push(event.token_id))
+                if text:
+                    yield text
+                if stopped:
+                    self.finish_reason = "stop"
+                    return
+            tail, stopped = self._stops.push(self._detok.flush())
+            if not stopped:
+                tail += self._stops.flush()
+                stopped = self._stops.stopped  # a stop inside a longer one completes only here
+            if tail:
+                yield tail
+            self.finish_reason = "stop" if stopped else self.stats.finish_reason
+        finally:
+            self.generation.close()  # stops decoding at once if we left early
+
+    def text(self) -> str:
+        """Run to the end and return the whole text."""
+        return "".join(self)

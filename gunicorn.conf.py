@@ -1,0 +1,24 @@
+"""gunicorn settings for etserve: one gevent worker around one in-process model.
+
+Every value can be changed through the ETSERVE_* environment (app/settings.py).
+"""
+
+import os
+
+_host = os.environ.get("ETSERVE_HOST", "127.0.0.1")
+_port = os.environ.get("ETSERVE_PORT", "8000")
+
+wsgi_app = "app.wsgi:create_app()"
+bind = [f"[{_host}]:{_port}" if ":" in _host else f"{_host}:{_port}"]
+workers = 1  # the model lives in the worker; generation is serialized by its lock
+worker_class = "gevent"
+worker_connections = 256
+timeout = 60  # heartbeat only: native work runs off the gevent hub
+graceful_timeout = 30
+keepalive = 5
+accesslog = "-"
+errorlog = "-"
+loglevel = os.environ.get("ETSERVE_LOG_LEVEL", "info")
+# gunicorn's control socket is one fixed path per user; several servers on one
+# machine (replicas, tests) would fight over it, and we do not use it.
+control_socket_disable = True

@@ -1,0 +1,99 @@
+/*
+ * etserve native runtime: a plain C ABI over the ExecuTorch Module API, for
+ * ctypes. One ets_model owns one loaded .pte (memory-mapped) and the logits of
+ * its last forward call. Calls on one model must be serialized by the caller;
+ * every call returns an error code and never aborts the process on bad input.
+ */
+#ifndef ETSERVE_H
+#define ETSERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ETS_API __attribute__((visibility("default")))
+
+/* Status codes. ETS_OK is 0; on any other code the model's error string says why. */
+enum {
+  ETS_OK = 0,
+  ETS_ERR_INVALID_ARGUMENT = 1,
+  ETS_ERR_OUT_OF_RANGE = 2,
+  ETS_ERR_RUNTIME = 3,
+  ETS_ERR_STATE = 4,
+};
+
+typedef struct ets_model ets_model;
+
+typedef struct {
+  int64_t vocab_size;
+  int64_t max_seq_len;      /* KV cache length: positions 0 .. max_seq_len-1 */
+  int64_t max_context_len;  /* equals max_seq_len unless the export says otherwise */
+  int64_t max_prefill_len;  /* most tokens one forward call accepts */
+  int64_t bos_id;           /* -1 when the file has none */
+  int64_t n_eos;
+  int64_t eos_ids[8];
+  int32_t use_kv_cache;
+  int32_t dynamic_shape;
+  int32_t positions_are_vector; /* forward takes cache positions [S] instead of [1] */
+  int32_t logits_dtype;        /* ExecuTorch ScalarType code of the output */
+} ets_model_info;
+
+/* Sampling parameters, applied in this order: logit bias, repetition /
+ * presence / frequency penalties over `history`, then greedy (temperature <= 0)
+ * or temperature -> top-k -> min-p -> top-p -> draw. Neutral values:
+ * top_k 0, top_p 1, min_p 0, repetition_penalty 1, penalties 0. */
+typedef struct {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  float repetition_penalty;
+  float presence_penalty;
+  float frequency_penalty;
+  const int32_t* history; /* token ids the penalties look at */
+  int32_t n_history;
+  const int32_t* bias_ids; /* logit_bias: token ids ... */
+  const float* bias_values; /* ... and the value added to each */
+  int32_t n_bias;
+} ets_sampling;
+
+/* Routes the runtime's log: level 0 debug .. 3 error; below `min_level` dropped. */
+ETS_API void ets_set_log_level(int min_level);
+
+/* Sets the thread count of the runtime's shared pool (0: one per core). */
+ETS_API int ets_set_num_threads(int num_threads);
+ETS_API int ets_get_num_threads(void);
+
+/* Opens a .pte and loads its forward method; NULL on failure with `err` filled. */
+ETS_API ets_model* ets_model_open(const char* path, char* err, size_t err_len);
+ETS_API void ets_model_close(ets_model* m);
+ETS_API const char* ets_model_error(const ets_model* m);
+ETS_API int ets_model_get_info(const ets_model* m, ets_model_info* out);
+
+/* Runs forward over tokens[0..n) at positions start_pos.. and keeps the logits
+ * of the last position. Refuses n < 1, n > max_prefill_len, or a range past
+ * the KV cache. */
+ETS_API int ets_forward(ets_model* m, const int64_t* tokens, int64_t n, int64_t start_pos);
+
+/* Copies the last logits (vocab_size floats) into `out`. */
+ETS_API int ets_get_logits(ets_model* m, float* out, int64_t n);
+
+/* Total forward calls and tokens processed since open (for tests and metrics). */
+ETS_API int64_t ets_forward_calls(const ets_model* m);
+ETS_API int64_t ets_forward_tokens(const ets_model* m);
+
+/* Samples one token from the last logits. `rng_state` is the caller's
+ * per-request generator state (any value works as a seed). Writes the id to
+ * *token_out and, if logprob_out is not NULL, its log-probability under the
+ * model's (unbiased, untempered) distribution. */
+ETS_API int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_state,
+                       int32_t* token_out, float* logprob_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ETSERVE_H */

@@ -1,0 +1,286 @@
+// The model half of the C ABI: open a .pte, read its metadata methods, run
+// forward in chunks, keep the last logits. See include/etserve.h.
+#include "etserve.h"
+#include "model.h"
+#include "runtime_log.h"
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor.h>
+
+#include <cstring>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace executorch::extension::threadpool {
+// The wheel ships libexecutorch_threadpool.so but not its header; these two
+// members are all we need of the class.
+class ThreadPool {
+ public:
+  size_t get_thread_count() const;
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
+
+using executorch::aten::ScalarType;
+using executorch::extension::from_blob;
+using executorch::extension::module::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+namespace threadpool = executorch::extension::threadpool;
+
+namespace {
+
+void copy_message(char* dst, size_t len, const std::string& msg) {
+  if (dst == nullptr || len == 0) return;
+  std::snprintf(dst, len, "%s", msg.c_str());
+}
+
+// Reads an int-returning metadata method such as `get_max_seq_len`.
+bool read_int_method(Module& module, const std::string& name, int64_t* out) {
+  auto result = module.get(name);
+  if (!result.ok()) return false;
+  const EValue& v = result.get();
+  if (v.isInt()) {
+    *out = v.toInt();
+    return true;
+  }
+  if (v.isBool()) {
+    *out = v.toBool() ? 1 : 0;
+    return true;
+  }
+  return false;
+}
+
+std::string error_text(Error e) {
+  return "ExecuTorch error 0x" + [&] {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "%x", static_cast<unsigned>(e));
+    return std::string(buf);
+  }();
+}
+
+}  // namespace
+
+extern "C" {
+
+int ets_set_num_threads(int num_threads) {
+  etserve::log_install();
+  unsigned n = num_threads > 0 ? static_cast<unsigned>(num_threads)
+                               : std::max(1u, std::thread::hardware_concurrency());
+  threadpool::ThreadPool* pool = threadpool::get_threadpool();
+  if (pool == nullptr) return ETS_ERR_RUNTIME;
+  return pool->_unsafe_reset_threadpool(n) ? ETS_OK : ETS_ERR_RUNTIME;
+}
+
+int ets_get_num_threads(void) {
+  threadpool::ThreadPool* pool = threadpool::get_threadpool();
+  return pool == nullptr ? 0 : static_cast<int>(pool->get_thread_count());
+}
+
+ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
+  etserve::log_install();
+  if (path == nullptr) {
+    copy_message(err, err_len, "no model path given");
+    return nullptr;
+  }
+  auto* m = new (std::nothrow) ets_model();
+  if (m == nullptr) {
+    copy_message(err, err_len, "out of memory");
+    return nullptr;
+  }
+  m->module = std::make_unique<Module>(path, Module::LoadMode::Mmap);
+  etserve::log_capture_begin();
+  Error e = m->module->load();
+  if (e == Error::Ok) e = m->module->load_method("forward");
+  std::string captured = etserve::log_capture_end();
+  if (e != Error::Ok) {
+    std::string msg = std::string("cannot load ") + path + ": ";
+    if (e == Error::OperatorMissing) {
+      msg += "the program needs operators this runtime does not have";
+    } else if (e == Error::AccessFailed) {
+      msg += "cannot read the file";
+    } else if (e == Error::InvalidProgram) {
+      msg += "not a valid ExecuTorch program";
+    } else {
+      msg += error_text(e);
+    }
+    if (!captured.empty()) msg += " (" + captured + ")";
+    copy_message(err, err_len, msg);
+    delete m;
+    return nullptr;
+  }
+  std::string why;
+  if (!m->read_metadata(&why)) {
+    copy_message(err, err_len, std::string("cannot use ") + path + ": " + why);
+    delete m;
+    return nullptr;
+  }
+  return m;
+}
+
+void ets_model_close(ets_model* m) { delete m; }
+
+const char* ets_model_error(const ets_model* m) {
+  return m == nullptr ? "no model" : m->error.c_str();
+}
+
+int ets_model_get_info(const ets_model* m, ets_model_info* out) {
+  if (m == nullptr || out == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  *out = m->info;
+  return ETS_OK;
+}
+
+int ets_forward(ets_model* m, const int64_t* tokens, int64_t n, int64_t start_pos) {
+  if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  return m->forward(tokens, n, start_pos);
+}
+
+int ets_get_logits(ets_model* m, float* out, int64_t n) {
+  if (m == nullptr || out == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  if (!m->has_logits) return m->fail(ETS_ERR_STATE, "no forward call has produced logits yet");
+  if (n != m->info.vocab_size) {
+    return m->fail(ETS_ERR_INVALID_ARGUMENT, "logits buffer must hold vocab_size floats");
+  }
+  std::memcpy(out, m->logits.data(), sizeof(float) * static_cast<size_t>(n));
+  return ETS_OK;
+}
+
+int64_t ets_forward_calls(const ets_model* m) { return m == nullptr ? 0 : m->forward_calls; }
+int64_t ets_forward_tokens(const ets_model* m) { return m == nullptr ? 0 : m->forward_tokens; }
+
+}  // extern "C"
+
+int ets_model::fail(int code, const std::string& msg) {
+  error = msg;
+  return code;
+}
+
+bool ets_model::read_metadata(std::string* why) {
+  std::memset(&info, 0, sizeof(info));
+  info.bos_id = -1;
+  auto meta = module->method_meta("forward");
+  if (!meta.ok()) {
+    *why = "no forward method";
+    return false;
+  }
+  if (meta->num_inputs() < 2 || meta->num_outputs() < 1) {
+    *why = "forward must take (tokens, positions) and return logits";
+    return false;
+  }
+  auto tokens_meta = meta->input_tensor_meta(0);
+  auto pos_meta = meta->input_tensor_meta(1);
+  auto out_meta = meta->output_tensor_meta(0);
+  if (!tokens_meta.ok() || !pos_meta.ok() || !out_meta.ok()) {
+    *why = "forward inputs or output are not tensors";
+    return false;
+  }
+  if (tokens_meta->scalar_type() != ScalarType::Long || tokens_meta->sizes().size() != 2) {
+    *why = "forward's tokens input must be int64 [1, S]";
+    return false;
+  }
+  if (out_meta->scalar_type() != ScalarType::Float) {
+    *why = "only float32 logits are supported";
+    return false;
+  }
+  info.logits_dtype = static_cast<int32_t>(out_meta->scalar_type());
+  int64_t token_upper = tokens_meta->sizes()[1];
+  int64_t pos_upper = pos_meta->sizes().size() == 1 ? pos_meta->sizes()[0] : 1;
+  info.positions_are_vector = pos_upper > 1 ? 1 : 0;
+
+  int64_t v = 0;
+  if (!read_int_method(*module, "get_vocab_size", &info.vocab_size)) {
+    auto sizes = out_meta->sizes();
+    info.vocab_size = sizes.empty() ? 0 : sizes[sizes.size() - 1];
+  }
+  if (!read_int_method(*module, "get_max_seq_len", &info.max_seq_len)) {
+    *why = "the file has no get_max_seq_len metadata method";
+    return false;
+  }
+  info.max_context_len = info.max_seq_len;
+  if (read_int_method(*module, "get_max_context_len", &v) && v > 0) info.max_context_len = v;
+  if (read_int_method(*module, "get_bos_id", &v)) info.bos_id = v;
+  if (read_int_method(*module, "use_kv_cache", &v)) info.use_kv_cache = static_cast<int32_t>(v);
+  if (read_int_method(*module, "enable_dynamic_shape", &v)) {
+    info.dynamic_shape = static_cast<int32_t>(v);
+  }
+  auto eos = module->execute("get_eos_ids");
+  if (eos.ok()) {
+    for (const EValue& e : eos.get()) {
+      if (e.isInt() && info.n_eos < 8) info.eos_ids[info.n_eos++] = e.toInt();
+    }
+  } else if (read_int_method(*module, "get_eos_id", &v)) {
+    info.eos_ids[info.n_eos++] = v;
+  }
+  if (info.vocab_size <= 0 || info.max_seq_len <= 0) {
+    *why = "vocab size and max sequence length must be positive";
+    return false;
+  }
+  if (!info.use_kv_cache) {
+    *why = "the export has no KV cache; re-export with use_kv_cache=True";
+    return false;
+  }
+  info.max_prefill_len = info.dynamic_shape ? token_upper : 1;
+  if (info.max_prefill_len < 1) info.max_prefill_len = 1;
+  if (info.positions_are_vector && pos_upper < info.max_prefill_len) {
+    info.max_prefill_len = pos_upper;
+  }
+  logits.assign(static_cast<size_t>(info.vocab_size), 0.0f);
+  return true;
+}
+
+int ets_model::forward(const int64_t* tokens, int64_t n, int64_t start_pos) {
+  if (tokens == nullptr || n < 1) return fail(ETS_ERR_INVALID_ARGUMENT, "forward needs at least one token");
+  if (n > info.max_prefill_len) {
+    return fail(ETS_ERR_OUT_OF_RANGE, "forward got " + std::to_string(n) +
+                                          " tokens; this model takes at most " +
+                                          std::to_string(info.max_prefill_len) + " per call");
+  }
+  if (start_pos < 0 || start_pos + n > info.max_seq_len) {
+    return fail(ETS_ERR_OUT_OF_RANGE, "positions " + std::to_string(start_pos) + ".." +
+                                          std::to_string(start_pos + n - 1) +
+                                          " are outside the KV cache of " +
+                                          std::to_string(info.max_seq_len));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= info.vocab_size) {
+      return fail(ETS_ERR_INVALID_ARGUMENT, "token id " + std::to_string(tokens[i]) +
+                                                " is outside the vocabulary");
+    }
+  }
+  token_buf.assign(tokens, tokens + n);
+  if (info.positions_are_vector) {
+    pos_buf.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) pos_buf[static_cast<size_t>(i)] = start_pos + i;
+  } else {
+    pos_buf.assign(1, start_pos);
+  }
+  auto tokens_t = from_blob(token_buf.data(), {1, static_cast<int32_t>(n)}, ScalarType::Long);
+  auto pos_t = from_blob(pos_buf.data(), {static_cast<int32_t>(pos_buf.size())}, ScalarType::Long);
+
+  etserve::log_capture_begin();
+  auto result = module->forward({EValue(tokens_t), EValue(pos_t)});
+  std::string captured = etserve::log_capture_end();
+  ++forward_calls;
+  if (!result.ok()) {
+    has_logits = false;
+    std::string msg = "forward failed: " + error_text(result.error());
+    if (!captured.empty()) msg += " (" + captured + ")";
+    return fail(ETS_ERR_RUNTIME, msg);
+  }
+  forward_tokens += n;
+  const EValue& out = result.get()[0];
+  if (!out.isTensor()) return fail(ETS_ERR_RUNTIME, "forward returned no tensor");
+  const auto& t = out.toTensor();
+  int64_t vocab = info.vocab_size;
+  if (t.numel() < vocab || t.numel() % vocab != 0) {
+    return fail(ETS_ERR_RUNTIME, "forward returned logits of an unexpected size");
+  }
+  // [1, vocab] for the last position, or [1, S, vocab]: take the last row.
+  const float* data = t.const_data_ptr<float>() + (t.numel() - vocab);
+  std::memcpy(logits.data(), data, sizeof(float) * static_cast<size_t>(vocab));
+  has_logits = true;
+  return ETS_OK;
+}

@@ -1,0 +1,156 @@
+// The sampling half of the C ABI: picks the next token from the logits of the
+// last forward call, with per-request parameters and a caller-owned RNG state.
+#include "etserve.h"
+#include "model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+namespace {
+
+// splitmix64: tiny, fast, and good enough to drive a categorical draw.
+uint64_t next_u64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double next_unit(uint64_t* state) {  // uniform in [0, 1)
+  return static_cast<double>(next_u64(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+float log_sum_exp(const float* x, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - mx));
+  return mx + static_cast<float>(std::log(sum));
+}
+
+int32_t arg_max(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+void apply_penalties(const ets_sampling& p, float* x, int64_t vocab) {
+  bool any = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+             p.frequency_penalty != 0.0f;
+  if (!any || p.history == nullptr || p.n_history <= 0) return;
+  std::unordered_map<int32_t, int32_t> counts;
+  counts.reserve(static_cast<size_t>(p.n_history));
+  for (int32_t i = 0; i < p.n_history; ++i) {
+    int32_t t = p.history[i];
+    if (t >= 0 && t < vocab) ++counts[t];
+  }
+  for (const auto& [t, c] : counts) {
+    float v = x[t];
+    if (p.repetition_penalty != 1.0f) {
+      v = v > 0.0f ? v / p.repetition_penalty : v * p.repetition_penalty;
+    }
+    v -= p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
+    x[t] = v;
+  }
+}
+
+// Temperature, top-k, min-p and top-p over `x`, then one draw. `order` is
+// scratch space for candidate ids.
+int32_t draw(const ets_sampling& p, const float* x, int64_t vocab, std::vector<int32_t>& order,
+             uint64_t* rng) {
+  order.resize(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  auto by_logit = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+  size_t n = order.size();
+  if (p.top_k > 0 && static_cast<int64_t>(p.top_k) < vocab) {
+    n = static_cast<size_t>(p.top_k);
+    std::nth_element(order.begin(), order.begin() + static_cast<long>(n) - 1, order.end(), by_logit);
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < n; ++i) mx = std::max(mx, x[order[i]]);
+  if (!std::isfinite(mx)) return order[0];
+  const double inv_t = 1.0 / static_cast<double>(p.temperature);
+  // Unnormalized weights; the best candidate has weight 1.
+  auto weight = [&](int32_t id) { return std::exp((static_cast<double>(x[id]) - mx) * inv_t); };
+
+  if (p.min_p > 0.0f) {  // keep candidates whose probability is >= min_p * the best one's
+    size_t kept = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (weight(order[i]) >= static_cast<double>(p.min_p)) order[kept++] = order[i];
+    }
+    n = std::max<size_t>(kept, 1);
+  }
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += weight(order[i]);
+
+  if (p.top_p > 0.0f && p.top_p < 1.0f) {
+    // Sort the head of the candidates; widen only if it does not reach top_p.
+    double target = static_cast<double>(p.top_p) * total;
+    size_t head = std::min<size_t>(n, 256);
+    while (true) {
+      std::partial_sort(order.begin(), order.begin() + static_cast<long>(head),
+                        order.begin() + static_cast<long>(n), by_logit);
+      double cum = 0.0;
+      size_t cut = 0;
+      while (cut < head && cum < target) cum += weight(order[cut++]);
+      if (cum >= target || head == n) {
+        n = std::max<size_t>(cut, 1);
+        total = cum > 0.0 ? cum : weight(order[0]);
+        break;
+      }
+      head = std::min(n, head * 8);
+    }
+  }
+  double u = next_unit(rng) * total;
+  for (size_t i = 0; i < n; ++i) {
+    u -= weight(order[i]);
+    if (u < 0.0) return order[i];
+  }
+  return order[n - 1];
+}
+
+}  // namespace
+
+extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_state,
+                          int32_t* token_out, float* logprob_out) {
+  if (m == nullptr || p == nullptr || rng_state == nullptr || token_out == nullptr) {
+    return ETS_ERR_INVALID_ARGUMENT;
+  }
+  if (!m->has_logits) return m->fail(ETS_ERR_STATE, "no forward call has produced logits yet");
+  const int64_t vocab = m->info.vocab_size;
+  if (!(p->temperature >= 0.0f) || !(p->top_p >= 0.0f) || !(p->min_p >= 0.0f) ||
+      p->top_k < 0 || !(p->repetition_penalty > 0.0f)) {
+    return m->fail(ETS_ERR_INVALID_ARGUMENT, "invalid sampling parameters");
+  }
+  std::vector<float>& x = m->scratch;
+  x.assign(m->logits.begin(), m->logits.end());
+  if (p->n_bias > 0) {
+    if (p->bias_ids == nullptr || p->bias_values == nullptr) {
+      return m->fail(ETS_ERR_INVALID_ARGUMENT, "logit bias arrays are missing");
+    }
+    for (int32_t i = 0; i < p->n_bias; ++i) {
+      int32_t id = p->bias_ids[i];
+      if (id < 0 || id >= vocab) {
+        return m->fail(ETS_ERR_INVALID_ARGUMENT, "logit bias names a token outside the vocabulary");
+      }
+      // OpenAI semantics: -100 bans the token outright.
+      float b = p->bias_values[i];
+      x[static_cast<size_t>(id)] = b <= -100.0f ? -std::numeric_limits<float>::infinity()
+                                                : x[static_cast<size_t>(id)] + b;
+    }
+  }
+  apply_penalties(*p, x.data(), vocab);
+  int32_t token = p->temperature <= 0.0f ? arg_max(x.data(), vocab)
+                                         : draw(*p, x.data(), vocab, m->order, rng_state);
+  *token_out = token;
+  if (logprob_out != nullptr) {
+    const float* raw = m->logits.data();
+    *logprob_out = raw[token] - log_sum_exp(raw, vocab);
+  }
+  return ETS_OK;
+}

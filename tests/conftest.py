@@ -1,0 +1,115 @@
+"""Shared fixtures: the test model built by the project, and a real gunicorn serving it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _test_model_dir() -> Path:
+    explicit = os.environ.get("ETSERVE_TEST_MODEL_DIR")
+    if explicit:
+        return Path(explicit)
+    from app.models.registry import model_dir, resolve_options
+
+    return model_dir("smollm2-135m", resolve_options("smollm2-135m", max_seq_len=512))
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    path = _test_model_dir()
+    if not (path / "model.pte").exists():
+        pytest.fail(f"test model missing at {path}: run `make test` (it builds it)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A real gunicorn process serving the app on a free loopback port."""
+
+    def __init__(self, model_path: Path, extra_env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.update({
+            "ETSERVE_MODEL_PATH": str(model_path),
+            "ETSERVE_PORT": str(self.port),
+            "ETSERVE_HOST": "127.0.0.1",
+            "ETSERVE_THREADS": "2",
+        })
+        env.update(extra_env or {})
+        self.log_path = ROOT / "test-artifacts" / f"server-{self.port}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path.read_text()[-4000:]}")
+            try:
+                if requests.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready in {timeout}s; log: {self.log_path.read_text()[-4000:]}")
+
+    def health(self) -> dict:
+        return requests.get(self.base_url + "/health", timeout=5).json()
+
+    def wait_idle(self, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            h = self.health()
+            if not h["engine"]["generating"]:
+                return h
+            time.sleep(0.02)
+        raise AssertionError("engine still generating")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def server(model_dir):
+    srv = Server(model_dir)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def served_model(model_dir):
+    """The same model the server loads, in this process: for driving the engine directly."""
+    from app.model_host import load_served_model
+    from app.settings import Settings
+
+    settings = Settings.from_env({"ETSERVE_MODEL_PATH": str(model_dir), "ETSERVE_THREADS": "2"})
+    return load_served_model(settings)

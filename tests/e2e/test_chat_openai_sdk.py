@@ -1,0 +1,113 @@
+"""A real OpenAI client against real gunicorn with a real model: the walking skeleton."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import requests
+
+from app.engine import GenerationRequest, SamplingParams
+
+PROMPT = [{"role": "user", "content": "Name three colors of the rainbow."}]
+MAX_TOKENS = 24
+
+
+def direct_greedy_text(served_model, messages, max_tokens: int) -> tuple[str, str]:
+    """Greedy text and finish reason from the engine driven directly, no HTTP in between."""
+    prompt = served_model.template.render(messages, add_generation_prompt=True)
+    ids = served_model.tokenizer.encode(prompt)
+    gen = served_model.engine.generate(GenerationRequest(
+        prompt=ids, max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
+        stop_token_ids=served_model.stop_token_ids))
+    out = [e.token_id for e in gen]
+    return served_model.tokenizer.decode(out, skip_special_tokens=True), gen.stats.finish_reason
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_served_model(client, served_model):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [served_model.id]
+
+
+def test_non_streaming_matches_engine_and_repeats(client, served_model):
+    expected, finish = direct_greedy_text(served_model, PROMPT, MAX_TOKENS)
+    assert expected.strip(), "the model produced no text"
+    texts = []
+    for _ in range(2):
+        r = client.chat.completions.create(model=served_model.id, messages=PROMPT,
+                                           max_tokens=MAX_TOKENS, temperature=0)
+        assert r.object == "chat.completion"
+        choice = r.choices[0]
+        assert choice.message.role == "assistant"
+        assert choice.finish_reason == finish
+        assert r.usage.completion_tokens <= MAX_TOKENS
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+        texts.append(choice.message.content)
+    assert texts == [expected, expected]
+
+
+def test_streaming_matches_engine_and_repeats(client, served_model):
+    expected, finish = direct_greedy_text(served_model, PROMPT, MAX_TOKENS)
+    for _ in range(2):
+        stream = client.chat.completions.create(model=served_model.id, messages=PROMPT, max_tokens=MAX_TOKENS,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1
+        with_choices = [c for c in chunks if c.choices]
+        assert with_choices[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in with_choices)
+        assert text == expected
+        assert with_choices[-1].choices[0].finish_reason == finish
+        assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])
+        usage = chunks[-1].usage
+        assert chunks[-1].choices == [] and usage.completion_tokens >= 1
+
+
+def test_stream_wire_format(server, served_model):
+    """Raw SSE: every event is `data: <json>`, content is never null, it ends with [DONE]."""
+    r = requests.post(server.base_url + "/v1/chat/completions", stream=True, timeout=120,
+                      json={"messages": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True})
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in r.iter_lines() if line]
+    assert events[-1] == b"data: [DONE]"
+    for line in events[:-1]:
+        assert line.startswith(b"data: ")
+        payload = json.loads(line[6:])
+        assert "error" not in payload
+        for choice in payload["choices"]:
+            assert choice["delta"].get("content", "") is not None
+
+
+@pytest.mark.parametrize("content", ["Reply with exactly: 你好世界 🌍 café", "Repeat after me: 你好世界 🌍 café"])
+def test_multibyte_characters_arrive_whole(server, served_model, content):
+    """Every SSE event is valid UTF-8 on its own and no character is split, whatever the tokens split.
+
+    The one U+FFFD allowed is a character cut in half by max_tokens at the very end,
+    exactly as the tokenizer's own decode renders it.
+    """
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 40, "temperature": 0, "stream": True}
+    r = requests.post(server.base_url + "/v1/chat/completions", json=body, stream=True, timeout=120)
+    assert r.status_code == 200
+    pieces, finish = [], None
+    for line in r.iter_lines():
+        if not line or line == b"data: [DONE]":
+            continue
+        payload = json.loads(line[6:].decode("utf-8", errors="strict"))
+        assert "error" not in payload
+        for choice in payload["choices"]:
+            pieces.append(choice["delta"].get("content") or "")
+            finish = choice["finish_reason"] or finish
+    text = "".join(pieces)
+    expected, _ = direct_greedy_text(served_model, body["messages"], 40)
+    assert text == expected
+    body_text = text[:-1] if finish == "length" and text.endswith("\ufffd") else text
+    assert "\ufffd" not in body_text
+    assert "🌍" in text, f"expected the model to repeat the emoji, got {text!r}"

@@ -1,0 +1,68 @@
+"""Bad requests get an OpenAI error envelope with a 4xx status, and the server keeps serving."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import requests
+
+
+def assert_envelope(r: requests.Response, status: int, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"", 400, None),
+    (b"[1, 2]", 400, None),
+    (b'{"messages": []}', 400, "messages"),
+    (b'{"model": "x"}', 400, "messages"),
+    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0].role"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 3}', 400, "temperature"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "bogus_field": 1}', 400, "bogus_field"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', 400, "messages"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "no-such-model"}', 404, "model"),
+    (b'\xff\xfe{"messages": 1}', 400, None),
+])
+def test_bad_chat_requests(server, body, status, param):
+    r = requests.post(server.base_url + "/v1/chat/completions", data=body,
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert_envelope(r, status, param)
+
+
+def test_unknown_route_and_method(server):
+    assert_envelope(requests.get(server.base_url + "/v1/nothing-here", timeout=10), 404)
+    assert_envelope(requests.get(server.base_url + "/v1/chat/completions", timeout=10), 405)
+
+
+def test_wrong_content_type(server):
+    r = requests.post(server.base_url + "/v1/chat/completions", data="messages=hi",
+                      headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=10)
+    assert_envelope(r, 415)
+
+
+def test_prompt_too_long_is_refused_before_streaming(server):
+    long_text = "word " * 2000
+    r = requests.post(server.base_url + "/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": long_text}], "stream": True})
+    err = assert_envelope(r, 400)
+    assert err["code"] == "context_length_exceeded"
+
+
+def test_server_still_answers_after_bad_requests(server, served_model):
+    requests.post(server.base_url + "/v1/chat/completions", data=b"{oops", timeout=10)
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=served_model.id, messages=[], max_tokens=4)
+    r = client.chat.completions.create(model=served_model.id, max_tokens=4, temperature=0,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert r.choices[0].message.content

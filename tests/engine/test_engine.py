@@ -1,0 +1,72 @@
+"""The engine on the real model: stops, lengths, cancellation, prefix reuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine import CancelToken, ContextLengthError, Engine, GenerationRequest, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def prompt(served_model, text: str) -> list[int]:
+    return served_model.tokenizer.encode(served_model.template.render([{"role": "user", "content": text}]))
+
+
+def run(engine: Engine, ids: list[int], max_tokens: int, cancel: CancelToken | None = None, stops=frozenset({2})):
+    gen = engine.generate(GenerationRequest(ids, max_tokens, GREEDY, stops), cancel)
+    return [e.token_id for e in gen], gen.stats
+
+
+def test_length_and_stop(served_model):
+    engine = served_model.engine
+    ids = prompt(served_model, "Count from 1 to 20.")
+    tokens, stats = run(engine, ids, 5, stops=frozenset())
+    assert len(tokens) == 5 and stats.finish_reason == "length"
+    assert stats.prompt_tokens == len(ids) and stats.completion_tokens == 5
+    # stopping on the first token the model emits
+    tokens2, stats2 = run(engine, ids, 5, stops=frozenset({tokens[0]}))
+    assert tokens2 == tokens[:1] and stats2.finish_reason == "stop"
+
+
+def test_generation_stops_at_the_end_of_the_context(served_model):
+    engine = served_model.engine
+    filler = served_model.tokenizer.encode("The sky is blue and the sea is green. ")
+    ids = (filler * engine.context_length)[: engine.context_length - 4]
+    tokens, stats = run(engine, ids, 10 ** 6, stops=frozenset())
+    assert stats.finish_reason == "length"
+    assert len(ids) + len(tokens) == engine.context_length
+    with pytest.raises(ContextLengthError):
+        engine.generate(GenerationRequest([1] * engine.context_length, 1, GREEDY))
+
+
+def test_cancel_stops_within_one_step(served_model):
+    engine = served_model.engine
+    ids = prompt(served_model, "Write a poem.")
+    cancel = CancelToken()
+    gen = engine.generate(GenerationRequest(ids, 100, GREEDY, frozenset()), cancel)
+    seen = 0
+    for _ in gen:
+        seen += 1
+        if seen == 3:
+            before = engine.forward_calls
+            cancel.cancel()
+    assert gen.stats.finish_reason == "cancelled"
+    assert engine.forward_calls == before
+    assert seen == 3
+
+
+def test_prefix_reuse_gives_the_same_text(served_model):
+    engine = served_model.engine
+    first = prompt(served_model, "Name a fruit.")
+    second = prompt(served_model, "Name a fruit that is red.")
+    run(engine, first, 8)  # leaves its tokens in the cache
+    warm, warm_stats = run(engine, second, 16)
+    assert warm_stats.cached_tokens > 0
+    engine.prefix_reuse = False
+    try:
+        cold, cold_stats = run(engine, second, 16)
+    finally:
+        engine.prefix_reuse = True
+    assert cold_stats.cached_tokens == 0
+    assert warm == cold

@@ -1,0 +1,99 @@
+"""The native runtime through ctypes, on the real test model: metadata, bounds, sampling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from app.engine import NativeError, NativeModel, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    m = NativeModel(model_dir / "model.pte")
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(served_model):
+    text = served_model.template.render([{"role": "user", "content": "What is the capital of France?"}])
+    return served_model.tokenizer.encode(text)
+
+
+def argmax(xs) -> int:
+    return max(range(len(xs)), key=xs.__getitem__)
+
+
+def test_metadata(model, served_model):
+    info = model.info
+    assert info.vocab_size == served_model.tokenizer.vocab_size
+    assert info.max_seq_len == 512
+    assert info.max_prefill_len > 1 and info.dynamic_shape
+    assert 2 in info.eos_ids  # <|im_end|>
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(NativeError, match="cannot"):
+        NativeModel(tmp_path / "nope.pte")
+    bogus = tmp_path / "bogus.pte"
+    bogus.write_bytes(b"not a program at all" * 100)
+    with pytest.raises(NativeError):
+        NativeModel(bogus)
+
+
+def test_bounds_are_refused_and_model_keeps_working(model, prompt_ids):
+    with pytest.raises(NativeError, match="outside the KV cache"):
+        model.forward([1, 2, 3], model.info.max_seq_len - 2)
+    with pytest.raises(NativeError, match="outside the KV cache"):
+        model.forward([1], -1)
+    with pytest.raises(NativeError, match="vocabulary"):
+        model.forward([model.info.vocab_size], 0)
+    with pytest.raises(NativeError):
+        model.forward([1] * (model.info.max_prefill_len + 1), 0)
+    model.forward(prompt_ids, 0)
+    logits = model.logits()
+    assert len(logits) == model.info.vocab_size and all(math.isfinite(x) for x in logits[:1000])
+
+
+def test_greedy_is_argmax_and_logprob_is_normalized(model, prompt_ids):
+    model.forward(prompt_ids, 0)
+    logits = model.logits()
+    token, logprob, _ = model.sample(GREEDY, 0)
+    assert token == argmax(logits)
+    m = max(logits)
+    lse = m + math.log(sum(math.exp(x - m) for x in logits))
+    assert logprob == pytest.approx(logits[token] - lse, abs=1e-4)
+    assert logprob <= 0
+
+
+def test_sampling_controls(model, prompt_ids):
+    model.forward(prompt_ids, 0)
+    best = argmax(model.logits())
+    # top_k=1 (or a tiny top_p) at any temperature is greedy
+    for params in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=1.5, top_p=1e-6)):
+        assert {model.sample(params, seed)[0] for seed in range(20)} == {best}
+    # a ban removes the greedy token
+    banned = SamplingParams(temperature=0.0, logit_bias={best: -100.0})
+    assert model.sample(banned, 0)[0] != best
+    # the same seed gives the same draws; different seeds differ somewhere
+    hot = SamplingParams(temperature=1.5)
+    draws = lambda seed: [model.sample(hot, seed + i)[0] for i in range(0, 200, 10)]
+    assert draws(7) == draws(7)
+    assert len(set(draws(7)) | set(draws(1234))) > 1
+    # min_p=1 keeps only the best token
+    assert {model.sample(SamplingParams(temperature=2.0, min_p=1.0), s)[0] for s in range(10)} == {best}
+
+
+def test_chunked_prefill_matches_one_call(model, prompt_ids):
+    model.forward(prompt_ids, 0)
+    whole = model.logits()
+    for chunk in (1, 5, 16):
+        for pos in range(0, len(prompt_ids), chunk):
+            model.forward(prompt_ids[pos:pos + chunk], pos)
+        parts = model.logits()
+        assert max(abs(a - b) for a, b in zip(whole, parts)) < 1e-3
+        assert argmax(parts) == argmax(whole)

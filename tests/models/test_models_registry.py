@@ -1,0 +1,77 @@
+"""Registry, options, paths and the CLI's pure commands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.models import registry
+from app.models.__main__ import main
+from app.models.build import manifest_matches
+from app.models.checkpoint import executorch_name
+from app.models.registry import BuildOptions, resolve_options
+
+
+def test_variants():
+    assert BuildOptions(2048, "none", False).variant == "ctx2048-fp32"
+    assert BuildOptions(512, "8da4w", True).variant == "ctx512-8da4w-sdpa"
+
+
+def test_defaults():
+    smol = resolve_options("smollm2-135m")
+    qwen = resolve_options("qwen2.5-coder-0.5b")
+    assert (smol.max_seq_len, smol.quantize, smol.custom_ops) == (2048, "none", registry.DEFAULT_CUSTOM_OPS)
+    assert (qwen.quantize, registry.MODELS["qwen2.5-coder-0.5b"].group_size) == ("8da4w", 32)
+    assert resolve_options("smollm2-135m", 512, "8da4w", True) == BuildOptions(512, "8da4w", True)
+    with pytest.raises(ValueError):
+        resolve_options("smollm2-135m", quantize="int3")
+    with pytest.raises(KeyError):
+        resolve_options("nope")
+
+
+def test_eos_ids():
+    assert registry.MODELS["smollm2-135m"].eos_token_ids == (2,)
+    assert set(registry.MODELS["qwen2.5-coder-0.5b"].eos_token_ids) == {151645, 151643}
+
+
+def test_paths(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
+    assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32"
+    assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512", "--custom-ops"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-sdpa")
+    assert main(["path", "smollm2-135m", "--out", str(tmp_path / "x")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "x")
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m" in out and "qwen2.5-coder-0.5b" in out
+
+
+def test_registry_import_is_light():
+    code = "import sys, app.models, app.models.registry; print(sorted(m for m in ('torch','executorch','gguf','transformers','tokenizers','numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_manifest_matches():
+    spec = registry.MODELS["qwen2.5-coder-0.5b"]
+    opts = BuildOptions(2048, "8da4w", False)
+    m = {"manifest_version": 1, "name": spec.name, "max_seq_len": 2048, "quantize": "8da4w",
+         "custom_ops": False, "group_size": 32}
+    assert manifest_matches(m, spec, opts)
+    assert not manifest_matches(dict(m, custom_ops=True), spec, opts)
+    assert not manifest_matches(None, spec, opts)
+
+
+def test_tensor_names():
+    assert executorch_name("token_embd.weight") == "tok_embeddings.weight"
+    assert executorch_name("output_norm.weight") == "norm.weight"
+    assert executorch_name("blk.7.attn_q.bias") == "layers.7.attention.wq.bias"
+    assert executorch_name("blk.0.ffn_gate.weight") == "layers.0.feed_forward.w1.weight"
+    assert executorch_name("blk.0.ffn_down.weight") == "layers.0.feed_forward.w2.weight"
+    with pytest.raises(KeyError):
+        executorch_name("blk.0.mystery.weight")
