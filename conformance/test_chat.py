@@ -1,0 +1,120 @@
+"""Chat completions as OpenAI documents them, checked on real output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+HELLO = [{"role": "user", "content": "Count from one to ten in words, separated by spaces."}]
+
+
+def chat(client, model, **kw):
+    return client.chat.completions.create(model=model, messages=kw.pop("messages", HELLO), **kw)
+
+
+def stream_text(client, model, **kw) -> tuple[str, str | None]:
+    text, finish = "", None
+    for chunk in chat(client, model, stream=True, **kw):
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    return text, finish
+
+
+def test_models_list(client, model):
+    assert model in [m.id for m in client.models.list().data]
+
+
+def test_basic_shape(client, model):
+    r = chat(client, model, max_tokens=8, temperature=0)
+    assert r.id and r.created > 0 and r.object == "chat.completion"
+    assert r.choices[0].index == 0 and r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 8
+
+
+def test_max_tokens_gives_length(client, model):
+    r = chat(client, model, max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
+
+
+def test_max_completion_tokens_wins(client, model):
+    r = chat(client, model, max_tokens=10, max_completion_tokens=2, temperature=0)
+    assert r.usage.completion_tokens == 2
+
+
+def test_greedy_is_deterministic_and_stream_equals_non_stream(client, model):
+    a = chat(client, model, max_tokens=16, temperature=0).choices[0].message.content
+    b = chat(client, model, max_tokens=16, temperature=0).choices[0].message.content
+    s, _ = stream_text(client, model, max_tokens=16, temperature=0)
+    assert a == b == s
+
+
+def test_seed_reproduces_sampling(client, model):
+    texts = [chat(client, model, max_tokens=16, temperature=1.0, seed=42).choices[0].message.content
+             for _ in range(2)]
+    assert texts[0] == texts[1]
+
+
+def test_stop_string_cuts_exactly(client, model):
+    """A stop string taken from the middle of the greedy text (so it may span tokens) cuts there."""
+    full = chat(client, model, max_tokens=24, temperature=0).choices[0].message.content
+    if len(full) < 6:
+        pytest.skip(f"the model's greedy answer is too short to pick a stop from: {full!r}")
+    mid = len(full) // 2
+    stop = full[mid:mid + 3]
+    cut = full[: full.index(stop)]
+    r = chat(client, model, max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].message.content == cut
+    assert r.choices[0].finish_reason == "stop"
+    s, finish = stream_text(client, model, max_tokens=24, temperature=0, stop=stop)
+    assert s == cut and finish == "stop"
+
+
+def test_stream_include_usage(client, model):
+    chunks = list(chat(client, model, max_tokens=4, temperature=0, stream=True,
+                       stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+
+
+def test_stream_events_are_well_formed(post, model):
+    r = post("/chat/completions", {"model": model, "messages": HELLO, "max_tokens": 4, "stream": True}, stream=True)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == b"data: [DONE]"
+    first = json.loads(lines[0][6:])
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    for line in lines[:-1]:
+        payload = json.loads(line[6:])
+        assert payload["object"] == "chat.completion.chunk"
+        for c in payload["choices"]:
+            assert c["delta"].get("content", "") is not None
+
+
+def test_text_content_parts(client, model):
+    parts = [{"type": "text", "text": "Count from one to ten "}, {"type": "text", "text": "in words."}]
+    r = chat(client, model, messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0)
+    assert r.choices[0].message.content
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 17}, "stop"),
+])
+def test_invalid_values_are_400_naming_the_field(post, model, body, param):
+    r = post("/chat/completions", {"model": model, **body})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and err["type"]
+
+
+def test_unknown_model_is_404(client):
+    import openai
+
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model-anywhere", messages=HELLO, max_tokens=1)

@@ -1,0 +1,39 @@
+"""Fixtures for the native library tests: build (make -C native) and load
+libetserve.so with ctypes. ETSERVE_LIB=/path/to/lib.so skips the build and
+loads that file instead (for iterating on a scratch build)."""
+
+import ctypes
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NATIVE = ROOT / "native"
+DEFAULT_LIB = NATIVE / "build" / "libetserve.so"
+
+
+def _lib_path() -> Path:
+    override = os.environ.get("ETSERVE_LIB")
+    if override:
+        return Path(override)
+    proc = subprocess.run(
+        ["make", "-C", str(NATIVE)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"make -C native failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return DEFAULT_LIB
+
+
+@pytest.fixture(scope="session")
+def etserve_lib_path() -> Path:
+    path = _lib_path()
+    if not path.exists():
+        pytest.fail(f"{path} does not exist")
+    return path
+
+
+@pytest.fixture(scope="session")
+def etserve_lib(etserve_lib_path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(etserve_lib_path))

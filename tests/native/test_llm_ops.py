@@ -1,0 +1,442 @@
+"""Tests of etserve's own kernels for ExecuTorch's LLM custom operators
+(native/src/llm_ops.cpp): against plain numpy references through the C test
+entry points, and end to end through a real .pte that calls
+llama::update_cache / llama::custom_sdpa, run by our library.
+
+    make -C native && pytest tests/native/test_llm_ops.py
+"""
+
+import ctypes
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+F32P = ctypes.POINTER(ctypes.c_float)
+c_int = ctypes.c_int
+c_i64 = ctypes.c_int64
+
+
+@pytest.fixture(scope="module")
+def lib(etserve_lib):
+    L = etserve_lib
+    L.etserve_test_custom_sdpa.argtypes = [
+        F32P, c_int, c_int, c_int, c_int, F32P, F32P, c_int, c_int, c_i64,
+        c_int, F32P, ctypes.c_float, F32P,
+    ]
+    L.etserve_test_custom_sdpa.restype = c_int
+    L.etserve_test_update_cache.argtypes = [
+        F32P, c_int, c_int, c_int, c_int, F32P, c_int, c_i64,
+    ]
+    L.etserve_test_update_cache.restype = c_int
+    L.etserve_test_sdpa_with_kv_cache.argtypes = [
+        F32P, F32P, F32P, c_int, c_int, c_int, c_int, F32P, F32P, c_int, c_int,
+        c_i64, c_int, F32P, ctypes.c_float, F32P,
+    ]
+    L.etserve_test_sdpa_with_kv_cache.restype = c_int
+    L.etserve_test_custom_sdpa_dtype.argtypes = [c_int]
+    L.etserve_test_custom_sdpa_dtype.restype = c_int
+    L.etserve_llm_op_count.restype = c_int
+    L.etserve_llm_op_name.argtypes = [c_int]
+    L.etserve_llm_op_name.restype = ctypes.c_char_p
+    L.etserve_llm_ops_registered.restype = c_int
+    return L
+
+
+def ptr(a):
+    if a is None:
+        return None
+    assert a.dtype == np.float32 and a.flags["C_CONTIGUOUS"]
+    return a.ctypes.data_as(F32P)
+
+
+def ref_sdpa(q, kc, vc, start_pos, causal, mask=None, scale=None):
+    """Plain loops in float64: q [B,S,H,D], caches [B,Smax,Hkv,D]."""
+    B, S, H, D = q.shape
+    Smax, Hkv = kc.shape[1], kc.shape[2]
+    group = H // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = np.zeros(q.shape, np.float64)
+    for b in range(B):
+        for i in range(S):
+            n = Smax if mask is not None else start_pos + S
+            if causal:
+                n = min(n, start_pos + i + 1)
+            for h in range(H):
+                g = h // group
+                k = kc[b, :n, g, :].astype(np.float64)
+                v = vc[b, :n, g, :].astype(np.float64)
+                s = k @ q[b, i, h].astype(np.float64) * scale
+                if mask is not None:
+                    s = s + mask[i, :n]
+                s = np.exp(s - s.max())
+                out[b, i, h] = (s / s.sum()) @ v
+    return out
+
+
+def run_custom_sdpa(lib, q, kc, vc, start_pos, causal, mask=None, scale=None):
+    B, S, H, D = q.shape
+    Smax, Hkv = kc.shape[1], kc.shape[2]
+    out = np.full(q.shape, np.nan, np.float32)
+    rc = lib.etserve_test_custom_sdpa(
+        ptr(q), B, S, H, D, ptr(kc), ptr(vc), Smax, Hkv, start_pos, int(causal),
+        ptr(mask), -1.0 if scale is None else scale, ptr(out),
+    )
+    return rc, out
+
+
+# (B, S, H, Hkv, D, Smax, start_pos): GQA ratios 1, 3, 7; start_pos at 0,
+# in the middle and at the end of the cache; seq_len 1 and > 1; head dims
+# that hit every vector tail (8, 13, 64, 72, 96, 128).
+SHAPES = [
+    (1, 1, 4, 4, 64, 64, 0),
+    (1, 1, 4, 4, 64, 64, 30),
+    (1, 1, 4, 4, 64, 64, 63),
+    (1, 7, 4, 4, 64, 64, 0),
+    (1, 7, 4, 4, 64, 64, 21),
+    (1, 7, 4, 4, 64, 64, 57),
+    (1, 1, 9, 3, 64, 128, 0),
+    (1, 1, 9, 3, 64, 128, 77),
+    (1, 1, 9, 3, 64, 128, 127),
+    (1, 33, 9, 3, 64, 128, 0),
+    (1, 33, 9, 3, 64, 128, 50),
+    (1, 33, 9, 3, 64, 128, 95),
+    (2, 5, 14, 2, 8, 40, 0),
+    (2, 5, 14, 2, 8, 40, 17),
+    (2, 5, 14, 2, 8, 40, 35),
+    (1, 1, 7, 1, 13, 23, 0),
+    (1, 1, 7, 1, 13, 23, 11),
+    (1, 1, 7, 1, 13, 23, 22),
+    (1, 4, 7, 1, 13, 23, 19),
+    (2, 3, 6, 2, 72, 50, 9),
+    (1, 2, 3, 1, 96, 300, 298),
+    (1, 1, 2, 1, 128, 512, 449),
+    (1, 64, 14, 2, 64, 96, 0),
+]
+
+
+def _rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B%d_S%d_H%d_Hkv%d_D%d_Smax%d_pos%d" % s)
+def test_custom_sdpa_matches_reference(lib, shape, causal):
+    B, S, H, Hkv, D, Smax, start_pos = shape
+    rng = np.random.default_rng(hash(shape) % 2**32)
+    q = _rand(rng, B, S, H, D)
+    kc = _rand(rng, B, Smax, Hkv, D)
+    vc = _rand(rng, B, Smax, Hkv, D)
+    rc, out = run_custom_sdpa(lib, q, kc, vc, start_pos, causal)
+    assert rc == 0
+    ref = ref_sdpa(q, kc, vc, start_pos, causal)
+    assert np.abs(out - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [
+    (1, 1, 9, 3, 64, 512, 449), (1, 1, 14, 2, 64, 600, 300), (1, 1, 4, 1, 128, 1024, 900),
+    (1, 2, 9, 3, 64, 512, 200), (1, 8, 9, 3, 64, 512, 100),
+], ids=lambda s: "B%d_S%d_H%d_Hkv%d_D%d_Smax%d_pos%d" % s)
+def test_custom_sdpa_thread_counts(lib, shape, threads):
+    """Decode splits the keys over threads when there are few (row, kv head)
+    groups; the merged result must not depend on the split."""
+    if not hasattr(lib, "ets_set_num_threads"):
+        pytest.skip("library has no ets_set_num_threads")
+    lib.ets_set_num_threads.argtypes = [c_int]
+    lib.ets_get_num_threads.restype = c_int
+    before = lib.ets_get_num_threads()
+    B, S, H, Hkv, D, Smax, start_pos = shape
+    rng = np.random.default_rng(threads)
+    q = _rand(rng, B, S, H, D)
+    kc = _rand(rng, B, Smax, Hkv, D)
+    vc = _rand(rng, B, Smax, Hkv, D)
+    try:
+        assert lib.ets_set_num_threads(threads) == 0
+        rc, out = run_custom_sdpa(lib, q, kc, vc, start_pos, True)
+    finally:
+        lib.ets_set_num_threads(before)
+    assert rc == 0
+    assert np.abs(out - ref_sdpa(q, kc, vc, start_pos, True)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_custom_sdpa_mask_with_key_split(lib, threads):
+    """Decode with a mask over a long cache: whole key chunks are masked out."""
+    if not hasattr(lib, "ets_set_num_threads"):
+        pytest.skip("library has no ets_set_num_threads")
+    lib.ets_set_num_threads.argtypes = [c_int]
+    lib.ets_get_num_threads.restype = c_int
+    before = lib.ets_get_num_threads()
+    rng = np.random.default_rng(5)
+    B, S, H, Hkv, D, Smax = 1, 1, 9, 3, 64, 1024
+    q = _rand(rng, B, S, H, D)
+    kc = _rand(rng, B, Smax, Hkv, D)
+    vc = _rand(rng, B, Smax, Hkv, D)
+    mask = np.full((S, Smax), -np.inf, np.float32)
+    mask[0, :100] = 0.0
+    mask[0, 700:705] = 0.25
+    try:
+        assert lib.ets_set_num_threads(threads) == 0
+        rc, out = run_custom_sdpa(lib, q, kc, vc, 0, False, mask=mask)
+    finally:
+        lib.ets_set_num_threads(before)
+    assert rc == 0
+    assert np.abs(out - ref_sdpa(q, kc, vc, 0, False, mask=mask)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("shape", SHAPES[::2], ids=lambda s: "B%d_S%d_H%d_Hkv%d_D%d_Smax%d_pos%d" % s)
+def test_custom_sdpa_with_mask(lib, shape):
+    """The exporter's mask path: start_pos 0, is_causal False, an additive
+    [S, Smax] mask (causal -inf triangle from start_pos) over all cache rows."""
+    B, S, H, Hkv, D, Smax, start_pos = shape
+    rng = np.random.default_rng(1 + hash(shape) % 2**32)
+    q = _rand(rng, B, S, H, D)
+    kc = _rand(rng, B, Smax, Hkv, D)
+    vc = _rand(rng, B, Smax, Hkv, D)
+    mask = np.zeros((S, Smax), np.float32)
+    for i in range(S):
+        mask[i, start_pos + i + 1:] = -np.inf
+    mask += _rand(rng, S, Smax, scale=0.5)  # arbitrary additive part too
+    rc, out = run_custom_sdpa(lib, q, kc, vc, 0, False, mask=mask)
+    assert rc == 0
+    ref = ref_sdpa(q, kc, vc, 0, False, mask=mask)
+    assert np.abs(out - ref).max() <= 1e-4
+    # Equivalent to the causal path when the mask is the plain triangle.
+    tri = np.zeros((S, Smax), np.float32)
+    for i in range(S):
+        tri[i, start_pos + i + 1:] = -np.inf
+    rc, out_m = run_custom_sdpa(lib, q, kc, vc, 0, False, mask=tri)
+    rc2, out_c = run_custom_sdpa(lib, q, kc, vc, start_pos, True)
+    assert rc == 0 and rc2 == 0
+    assert np.abs(out_m - out_c).max() <= 1e-5
+
+
+def test_custom_sdpa_explicit_scale_and_large_scores(lib):
+    rng = np.random.default_rng(7)
+    B, S, H, Hkv, D, Smax, start_pos = 1, 3, 6, 2, 32, 50, 20
+    q = _rand(rng, B, S, H, D, scale=8.0)  # logits in the hundreds: stability
+    kc = _rand(rng, B, Smax, Hkv, D, scale=8.0)
+    vc = _rand(rng, B, Smax, Hkv, D)
+    for scale in (0.05, 0.5):
+        rc, out = run_custom_sdpa(lib, q, kc, vc, start_pos, True, scale=scale)
+        assert rc == 0
+        assert np.isfinite(out).all()
+        assert np.abs(out - ref_sdpa(q, kc, vc, start_pos, True, scale=scale)).max() <= 1e-4
+
+
+def test_custom_sdpa_refuses_bad_input(lib):
+    rng = np.random.default_rng(3)
+    q = _rand(rng, 1, 4, 4, 16)
+    kc = _rand(rng, 1, 10, 2, 16)
+    vc = _rand(rng, 1, 10, 2, 16)
+    # start_pos + seq_len past the cache
+    assert run_custom_sdpa(lib, q, kc, vc, 7, True)[0] != 0
+    assert run_custom_sdpa(lib, q, kc, vc, -1, True)[0] != 0
+    # mask together with is_causal
+    mask = np.zeros((4, 10), np.float32)
+    assert run_custom_sdpa(lib, q, kc, vc, 0, True, mask=mask)[0] != 0
+    # heads not a multiple of kv heads
+    q3 = _rand(rng, 1, 4, 3, 16)
+    assert run_custom_sdpa(lib, q3, kc, vc, 0, True)[0] != 0
+
+
+@pytest.mark.parametrize("dtype", [5, 15], ids=["Half", "BFloat16"])
+def test_custom_sdpa_refuses_half_types(lib, dtype):
+    assert lib.etserve_test_custom_sdpa_dtype(dtype) != 0
+    assert lib.etserve_test_custom_sdpa_dtype(6) == 0  # Float works
+
+
+@pytest.mark.parametrize("B,S,Hkv,D,Smax,start_pos", [
+    (1, 1, 3, 64, 32, 0), (1, 1, 3, 64, 32, 17), (1, 1, 3, 64, 32, 31),
+    (2, 5, 2, 8, 20, 0), (2, 5, 2, 8, 20, 9), (2, 5, 2, 8, 20, 15),
+])
+def test_update_cache_writes_only_new_rows(lib, B, S, Hkv, D, Smax, start_pos):
+    rng = np.random.default_rng(start_pos)
+    value = _rand(rng, B, S, Hkv, D)
+    cache = _rand(rng, B, Smax, Hkv, D)
+    before = cache.copy()
+    rc = lib.etserve_test_update_cache(ptr(value), B, S, Hkv, D, ptr(cache), Smax, start_pos)
+    assert rc == 0
+    expect = before.copy()
+    expect[:, start_pos:start_pos + S] = value
+    assert np.array_equal(cache, expect)
+
+
+def test_update_cache_refuses_overflow(lib):
+    value = np.zeros((1, 4, 2, 8), np.float32)
+    cache = np.ones((1, 10, 2, 8), np.float32)
+    assert lib.etserve_test_update_cache(ptr(value), 1, 4, 2, 8, ptr(cache), 10, 7) != 0
+    assert (cache == 1).all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("B,S,H,Hkv,D,Smax,start_pos", [
+    (1, 1, 9, 3, 64, 48, 0), (1, 1, 9, 3, 64, 48, 47), (1, 6, 14, 2, 16, 30, 11),
+    (2, 3, 4, 4, 13, 12, 9),
+])
+def test_sdpa_with_kv_cache(lib, causal, B, S, H, Hkv, D, Smax, start_pos):
+    rng = np.random.default_rng(11 + start_pos)
+    q = _rand(rng, B, S, H, D)
+    k = _rand(rng, B, S, Hkv, D)
+    v = _rand(rng, B, S, Hkv, D)
+    kc = _rand(rng, B, Smax, Hkv, D)
+    vc = _rand(rng, B, Smax, Hkv, D)
+    kc_ref, vc_ref = kc.copy(), vc.copy()
+    kc_ref[:, start_pos:start_pos + S] = k
+    vc_ref[:, start_pos:start_pos + S] = v
+    out = np.full(q.shape, np.nan, np.float32)
+    rc = lib.etserve_test_sdpa_with_kv_cache(
+        ptr(q), ptr(k), ptr(v), B, S, H, D, ptr(kc), ptr(vc), Smax, Hkv, start_pos,
+        int(causal), None, -1.0, ptr(out))
+    assert rc == 0
+    assert np.array_equal(kc, kc_ref) and np.array_equal(vc, vc_ref)
+    ref = ref_sdpa(q, kc_ref, vc_ref, start_pos, causal)
+    assert np.abs(out - ref).max() <= 1e-4
+
+
+def test_registered_op_names(lib):
+    names = {lib.etserve_llm_op_name(i).decode() for i in range(lib.etserve_llm_op_count())}
+    assert {"llama::update_cache.out", "llama::custom_sdpa.out",
+            "llama::sdpa_with_kv_cache.out"} <= names
+    assert lib.etserve_llm_op_name(lib.etserve_llm_op_count()) is None
+    assert lib.etserve_llm_ops_registered() == 1
+
+
+# ---------------------------------------------------------------------------
+# End to end: a tiny LLM-shaped module whose attention uses the custom ops,
+# exported to .pte (in a subprocess: the torch-linked kernels of the wheel
+# register into the same runtime library as ours, so they must not share a
+# process), run through ets_model_open / ets_forward and compared to eager.
+
+EXPORT_SCRIPT = textwrap.dedent(r'''
+    import json, sys
+    import numpy as np
+    import torch
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (llama ops)
+    from executorch.exir import to_edge_transform_and_lower, EdgeCompileConfig
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    out_dir = sys.argv[1]
+    VOCAB, H, HKV, D, SMAX = 64, 6, 2, 8, 32
+    DIM = H * D
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(VOCAB, DIM)
+            self.wq = torch.nn.Linear(DIM, DIM, bias=False)
+            self.wk = torch.nn.Linear(DIM, HKV * D, bias=False)
+            self.wv = torch.nn.Linear(DIM, HKV * D, bias=False)
+            self.out = torch.nn.Linear(DIM, VOCAB, bias=False)
+            self.register_buffer("k_cache", torch.zeros(1, SMAX, HKV, D))
+            self.register_buffer("v_cache", torch.zeros(1, SMAX, HKV, D))
+            mask = torch.full((SMAX, SMAX), float("-inf")).triu(1)
+            self.register_buffer("mask", mask, persistent=False)
+
+        def forward(self, tokens, input_pos):
+            S = tokens.shape[1]
+            x = self.emb(tokens)
+            q = self.wq(x).view(1, S, H, D)
+            k = self.wk(x).view(1, S, HKV, D)
+            v = self.wv(x).view(1, S, HKV, D)
+            start_pos = input_pos[0].item()
+            torch._check_is_size(start_pos)
+            torch._check(start_pos < SMAX)
+            torch._check(start_pos + S <= SMAX)
+            torch.ops.llama.update_cache(k, self.k_cache, start_pos)
+            torch.ops.llama.update_cache(v, self.v_cache, start_pos)
+            # the exporter's two forms: causal by start_pos, and an additive mask
+            y1 = torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, start_pos,
+                                             None, 0, True)
+            m = self.mask.narrow(0, start_pos, S)
+            y2 = torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, 0, m, 0, False)
+            y = (y1 + 0.5 * y2).view(1, S, DIM)
+            return self.out(y[:, -1, :])
+
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    eager = Tiny().eval()
+    eager.load_state_dict(model.state_dict())
+
+    seq = torch.export.Dim("seq", min=1, max=SMAX - 1)
+    ex_tokens = torch.zeros(1, 2, dtype=torch.long)
+    ex_pos = torch.tensor([0], dtype=torch.long)
+    with torch.no_grad():
+        ep = torch.export.export(model, (ex_tokens, ex_pos),
+                                 dynamic_shapes=({1: seq}, None), strict=False)
+    edge = to_edge_transform_and_lower(
+        ep, partitioner=[XnnpackPartitioner()],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        constant_methods={"get_max_seq_len": SMAX, "get_vocab_size": VOCAB,
+                          "use_kv_cache": True, "enable_dynamic_shape": True,
+                          "get_eos_ids": [1]})
+    prog = edge.to_executorch()
+    with open(out_dir + "/tiny.pte", "wb") as f:
+        f.write(prog.buffer)
+    ops = sorted({str(op.name) + "." + str(op.overload) for plan in
+                  prog.executorch_program.execution_plan for op in plan.operators})
+
+    # Steps: prefill, decodes, another chunk, one more decode to the end.
+    rng = np.random.default_rng(0)
+    steps, pos = [], 0
+    for n in (5, 1, 1, 1, 9, 1, 14):
+        steps.append((pos, rng.integers(0, VOCAB, n).tolist()))
+        pos += n
+    logits = []
+    with torch.no_grad():
+        for start, toks in steps:
+            logits.append(eager(torch.tensor([toks]), torch.tensor([start])).numpy()[0])
+    np.save(out_dir + "/logits.npy", np.stack(logits))
+    with open(out_dir + "/steps.json", "w") as f:
+        json.dump({"steps": steps, "ops": ops}, f)
+''')
+
+
+@pytest.fixture(scope="module")
+def tiny_pte(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("tiny_llama_ops")
+    proc = subprocess.run([sys.executable, "-c", EXPORT_SCRIPT, str(out)],
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail("export failed:\n" + proc.stderr[-4000:])
+    meta = json.loads((out / "steps.json").read_text())
+    return out / "tiny.pte", meta, np.load(out / "logits.npy")
+
+
+def test_pte_with_custom_ops_runs_through_our_library(lib, tiny_pte):
+    path, meta, ref_logits = tiny_pte
+    assert "llama::update_cache.out" in meta["ops"]
+    assert "llama::custom_sdpa.out" in meta["ops"]
+    if not hasattr(lib, "ets_model_open"):
+        pytest.skip("library has no ets_model_open")
+    lib.ets_model_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.ets_model_open.restype = ctypes.c_void_p
+    lib.ets_model_close.argtypes = [ctypes.c_void_p]
+    lib.ets_model_error.argtypes = [ctypes.c_void_p]
+    lib.ets_model_error.restype = ctypes.c_char_p
+    lib.ets_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(c_i64), c_i64, c_i64]
+    lib.ets_forward.restype = c_int
+    lib.ets_get_logits.argtypes = [ctypes.c_void_p, F32P, c_i64]
+    lib.ets_get_logits.restype = c_int
+    err = ctypes.create_string_buffer(4096)
+    m = lib.ets_model_open(str(path).encode(), err, len(err))
+    assert m, err.value.decode()
+    try:
+        vocab = ref_logits.shape[1]
+        for (start, toks), ref in zip(meta["steps"], ref_logits):
+            arr = (c_i64 * len(toks))(*toks)
+            rc = lib.ets_forward(m, arr, len(toks), start)
+            assert rc == 0, lib.ets_model_error(m).decode()
+            got = np.empty(vocab, np.float32)
+            assert lib.ets_get_logits(m, ptr(got), vocab) == 0
+            assert np.abs(got - ref).max() <= 1e-4, (start, np.abs(got - ref).max())
+    finally:
+        lib.ets_model_close(m)
