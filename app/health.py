@@ -18,6 +18,7 @@ class HealthResource:
             "model": self.model.id,
             "engine": {
                 "generating": engine.generating,
+                "waiting": engine.waiting,
                 "requests": engine.requests_started,
                 "forward_calls": engine.forward_calls,
             },

@@ -53,7 +53,8 @@ def load_served_model(settings: Settings) -> ServedModel:
     template = ChatTemplate(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token) \
         if tokenizer.chat_template else None
     model_id = settings.model_id or _model_name(directory, settings)
-    engine = Engine(native, prefill_chunk=settings.prefill_chunk)
+    engine = Engine(native, prefill_chunk=settings.prefill_chunk, max_queue=settings.max_queue,
+                    queue_timeout=settings.queue_timeout)
     stop_ids = frozenset(native.info.eos_ids) | tokenizer.eos_token_ids
     log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", model_id, pte,
              engine.context_length, native.info.vocab_size, sorted(stop_ids))

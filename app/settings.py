@@ -32,6 +32,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("threads", "ETSERVE_THREADS", "--threads", "0", "runtime threads (0: one per core)"),
     Setting("prefill_chunk", "ETSERVE_PREFILL_CHUNK", "--prefill-chunk", "128",
             "prompt tokens per forward call; cancellation is checked between chunks"),
+    Setting("max_queue", "ETSERVE_MAX_QUEUE", "--max-queue", "16",
+            "requests that may wait while one generates; more get 429"),
+    Setting("queue_timeout", "ETSERVE_QUEUE_TIMEOUT", "--queue-timeout", "300",
+            "seconds a request may wait for the model before a 503"),
     Setting("max_body_bytes", "ETSERVE_MAX_BODY_BYTES", "--max-body-bytes", str(4 * 1024 * 1024),
             "largest request body accepted"),
 )
@@ -46,6 +50,8 @@ class Settings:
     port: int
     threads: int
     prefill_chunk: int
+    max_queue: int
+    queue_timeout: int
     max_body_bytes: int
 
     @classmethod

@@ -96,6 +96,22 @@ class Server:
 
 
 @pytest.fixture(scope="session")
+def make_server(model_dir):
+    """Start another server with extra ETSERVE_* settings; stopped at the end of the session."""
+    started = []
+
+    def start(extra_env: dict[str, str]) -> Server:
+        srv = Server(model_dir, extra_env)
+        started.append(srv)
+        srv.wait_ready()
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
 def server(model_dir):
     srv = Server(model_dir)
     try:

@@ -1,7 +1,16 @@
 """The engine: the ctypes binding to native/, the generation lock, prefix reuse."""
 
 from .cancel import CancelToken
-from .engine import ContextLengthError, Engine, Generation, GenerationRequest, GenerationStats, TokenEvent
+from .engine import (
+    ContextLengthError,
+    Engine,
+    Generation,
+    GenerationRequest,
+    GenerationStats,
+    QueueFullError,
+    QueueTimeoutError,
+    TokenEvent,
+)
 from .native import ModelInfo, NativeError, NativeModel, set_num_threads
 from .sampling import SamplingParams
 
@@ -15,6 +24,8 @@ __all__ = [
     "ModelInfo",
     "NativeError",
     "NativeModel",
+    "QueueFullError",
+    "QueueTimeoutError",
     "SamplingParams",
     "TokenEvent",
     "set_num_threads",

@@ -18,6 +18,21 @@ from .offload import run_blocking
 from .sampling import SamplingParams
 
 
+class QueueFullError(RuntimeError):
+    """Too many requests are already waiting for the engine."""
+
+    def __init__(self, waiting: int):
+        super().__init__(f"{waiting} requests are already waiting for the model; try again shortly")
+        self.waiting = waiting
+
+
+class QueueTimeoutError(RuntimeError):
+    """A request waited longer than the queue allows."""
+
+    def __init__(self, waited_s: float):
+        super().__init__(f"the request waited {waited_s:.0f} s for the model and was dropped; try again later")
+
+
 class ContextLengthError(ValueError):
     """The prompt leaves no room in the context for even one new token."""
 
@@ -35,12 +50,14 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_token_ids: frozenset[int] = frozenset()
+    top_logprobs: int = 0  # alternatives reported with each token
 
 
 @dataclass(frozen=True)
 class TokenEvent:
     token_id: int
-    logprob: float
+    logprob: float  # under the model's own distribution
+    top: tuple[tuple[int, float], ...] = ()  # the most likely alternatives, most likely first
 
 
 @dataclass
@@ -75,14 +92,19 @@ class Engine:
         *,
         prefill_chunk: int = 128,
         prefix_reuse: bool = True,
+        max_queue: int = 16,
+        queue_timeout: float = 300.0,
         offload: Callable = run_blocking,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
         self.prefill_chunk = max(1, min(prefill_chunk, model.info.max_prefill_len))
         self.prefix_reuse = prefix_reuse
+        self.max_queue = max_queue  # requests allowed to wait while one generates
+        self.queue_timeout = queue_timeout
         self._offload = offload
         self._lock = threading.Lock()
+        self.waiting = 0
         self._kv_tokens: list[int] = []  # tokens whose keys/values fill positions 0..n-1
         self.generating = False
         self.requests_started = 0
@@ -91,8 +113,18 @@ class Engine:
         if prompt_tokens >= self.context_length:
             raise ContextLengthError(prompt_tokens, self.context_length)
 
+    def check_admission(self) -> None:
+        """Refuse new work while the wait queue is full (checked before a response starts)."""
+        if self.generating and self.waiting >= self.max_queue:
+            raise QueueFullError(self.waiting)
+
     def generate(self, request: GenerationRequest, cancel: CancelToken | None = None) -> Generation:
-        """Start a generation. Raises ContextLengthError before taking the lock."""
+        """Start a generation (lazily: the lock is taken on first iteration).
+
+        Raises ContextLengthError at once; iteration raises QueueTimeoutError
+        if the wait for the lock exceeds the queue timeout. Callers check
+        admission (check_admission) before they start a response.
+        """
         if not request.prompt:
             raise ValueError("the prompt is empty")
         self.check_fits(len(request.prompt))
@@ -103,19 +135,39 @@ class Engine:
     def forward_calls(self) -> int:
         return self.model.forward_calls
 
+    def _acquire(self, cancel: CancelToken, stats: GenerationStats) -> bool:
+        """Wait in line for the lock; False if the client left meanwhile."""
+        t0 = time.perf_counter()
+        self.waiting += 1
+        try:
+            while not self._lock.acquire(timeout=0.25):
+                if cancel.cancelled:
+                    return False
+                waited = time.perf_counter() - t0
+                if waited > self.queue_timeout:
+                    raise QueueTimeoutError(waited)
+        finally:
+            self.waiting -= 1
+            stats.queued_ms = (time.perf_counter() - t0) * 1000
+        if cancel.cancelled:  # gone while we were at the head of the line
+            self._lock.release()
+            return False
+        return True
+
     def _run(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats) -> Iterator[TokenEvent]:
-        t_queue = time.perf_counter()
-        with self._lock:
+        if not self._acquire(cancel, stats):
+            stats.finish_reason = "cancelled"
+            return
+        try:
             self.generating = True
             self.requests_started += 1
-            try:
-                stats.queued_ms = (time.perf_counter() - t_queue) * 1000
-                yield from self._decode(request, cancel, stats)
-            except NativeError:
-                self._kv_tokens = []  # the cache may hold anything now
-                raise
-            finally:
-                self.generating = False
+            yield from self._decode(request, cancel, stats)
+        except NativeError:
+            self._kv_tokens = []  # the cache may hold anything now
+            raise
+        finally:
+            self.generating = False
+            self._lock.release()
 
     def _reusable_prefix(self, prompt: list[int]) -> int:
         if not self.prefix_reuse:
@@ -142,7 +194,7 @@ class Engine:
             chunk = prompt[pos : pos + self.prefill_chunk]
             last = pos + len(chunk) == len(prompt)
             if last:
-                token, logprob, rng = self._offload(self._step, chunk, pos, sampling, rng, history)
+                event, rng = self._offload(self._step, chunk, pos, request, rng, history)
             else:
                 self._offload(model.forward, chunk, pos)
             self._kv_tokens.extend(chunk)
@@ -154,7 +206,8 @@ class Engine:
         try:
             while True:
                 stats.completion_tokens += 1
-                yield TokenEvent(token, logprob)
+                yield event
+                token = event.token_id
                 if token in request.stop_token_ids:
                     stats.finish_reason = "stop"
                     return
@@ -166,14 +219,16 @@ class Engine:
                     return
                 if sampling.uses_history:
                     history.append(token)
-                fed = token
-                token, logprob, rng = self._offload(self._step, [fed], pos, sampling, rng, history)
-                self._kv_tokens.append(fed)
+                event, rng = self._offload(self._step, [token], pos, request, rng, history)
+                self._kv_tokens.append(token)
                 pos += 1
         finally:
             stats.decode_ms = (time.perf_counter() - t1) * 1000
 
-    def _step(self, tokens: list[int], pos: int, sampling: SamplingParams, rng: int, history: list[int]):
+    def _step(self, tokens: list[int], pos: int, request: GenerationRequest, rng: int,
+              history: list[int]) -> tuple[TokenEvent, int]:
         """One forward call and one sample, run off the event loop."""
         self.model.forward(tokens, pos)
-        return self.model.sample(sampling, rng, history)
+        token, logprob, rng = self.model.sample(request.sampling, rng, history)
+        top = tuple(self.model.top_logprobs(request.top_logprobs)) if request.top_logprobs else ()
+        return TokenEvent(token, logprob, top), rng

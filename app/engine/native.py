@@ -86,6 +86,10 @@ def _load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
         "ets_get_logits": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
         "ets_forward_calls": (ctypes.c_int64, [p_model]),
         "ets_forward_tokens": (ctypes.c_int64, [p_model]),
+        "ets_top_logprobs": (
+            ctypes.c_int,
+            [p_model, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)],
+        ),
         "ets_sample": (
             ctypes.c_int,
             [p_model, ctypes.POINTER(_Sampling), ctypes.POINTER(ctypes.c_uint64),
@@ -201,6 +205,14 @@ class NativeModel:
         self._check(self._lib.ets_sample(self._handle, ctypes.byref(c), ctypes.byref(self._rng),
                                          ctypes.byref(self._token), ctypes.byref(self._logprob)))
         return self._token.value, self._logprob.value, self._rng.value
+
+    def top_logprobs(self, k: int) -> list[tuple[int, float]]:
+        """The k most likely next tokens under the model's own distribution, most likely first."""
+        k = max(0, min(k, self.info.vocab_size))
+        ids = (ctypes.c_int32 * k)()
+        logprobs = (ctypes.c_float * k)()
+        self._check(self._lib.ets_top_logprobs(self._handle, k, ids, logprobs))
+        return list(zip(ids, logprobs))
 
     @property
     def forward_calls(self) -> int:

@@ -45,6 +45,23 @@ def invalid_value(param: str, message: str) -> APIError:
     return APIError(400, message, code="invalid_value", param=param)
 
 
+def to_api_error(ex: Exception) -> APIError:
+    """The client-facing form of any exception; internals are logged, never sent."""
+    from app.engine import NativeError, QueueFullError, QueueTimeoutError
+
+    if isinstance(ex, APIError):
+        return ex
+    if isinstance(ex, QueueFullError):
+        return APIError(429, str(ex), code="queue_full", headers={"Retry-After": "2"})
+    if isinstance(ex, QueueTimeoutError):
+        return APIError(503, str(ex), code="queue_timeout", headers={"Retry-After": "5"})
+    if isinstance(ex, NativeError):
+        log.error("runtime error: %s", ex)
+        return APIError(500, "the model runtime failed on this request", code="runtime_error")
+    log.error("unhandled error", exc_info=ex)
+    return APIError(500, "internal server error", code="internal_error")
+
+
 def _write(resp: falcon.Response, err: APIError) -> None:
     resp.status = falcon.code_to_http_status(err.status)
     resp.content_type = falcon.MEDIA_JSON
@@ -81,8 +98,7 @@ def handle_unexpected(req, resp, ex: Exception, params) -> None:
     if isinstance(ex, falcon.HTTPError):
         handle_http_error(req, resp, ex, params)
         return
-    log.exception("unhandled error on %s %s", req.method, req.path)
-    _write(resp, APIError(500, "internal server error", code="internal_error"))
+    _write(resp, to_api_error(ex))
 
 
 def install(app: falcon.App) -> None:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any, Iterator
 
-from .errors import APIError
-
-log = logging.getLogger("etserve")
+from .errors import to_api_error
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -27,11 +24,8 @@ def sse_stream(events: Iterator[dict[str, Any]], on_close=None) -> Iterator[byte
     try:
         for payload in events:
             yield event(payload)
-    except APIError as e:
-        yield event(e.to_dict())
-    except Exception:
-        log.exception("error while streaming")
-        yield event(APIError(500, "internal server error during generation", code="internal_error").to_dict())
+    except Exception as e:  # headers are sent: the error becomes an event
+        yield event(to_api_error(e).to_dict())
     finally:
         close = getattr(events, "close", None)
         if close is not None:

@@ -92,6 +92,11 @@ ETS_API int64_t ets_forward_tokens(const ets_model* m);
 ETS_API int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_state,
                        int32_t* token_out, float* logprob_out);
 
+/* The k most likely tokens of the last logits under the model's own
+ * distribution (before bias, penalties and temperature), most likely first.
+ * Writes min(k, vocab_size) entries; returns ETS_OK. */
+ETS_API int ets_top_logprobs(ets_model* m, int32_t k, int32_t* ids_out, float* logprobs_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -154,3 +154,24 @@ extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_sta
   }
   return ETS_OK;
 }
+
+extern "C" int ets_top_logprobs(ets_model* m, int32_t k, int32_t* ids_out, float* logprobs_out) {
+  if (m == nullptr || ids_out == nullptr || logprobs_out == nullptr || k < 0) {
+    return ETS_ERR_INVALID_ARGUMENT;
+  }
+  if (!m->has_logits) return m->fail(ETS_ERR_STATE, "no forward call has produced logits yet");
+  const int64_t vocab = m->info.vocab_size;
+  const float* raw = m->logits.data();
+  const size_t n = static_cast<size_t>(std::min<int64_t>(k, vocab));
+  std::vector<int32_t>& order = m->order;
+  order.resize(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  auto by_logit = [raw](int32_t a, int32_t b) { return raw[a] > raw[b] || (raw[a] == raw[b] && a < b); };
+  std::partial_sort(order.begin(), order.begin() + static_cast<long>(n), order.end(), by_logit);
+  const float lse = log_sum_exp(raw, vocab);
+  for (size_t i = 0; i < n; ++i) {
+    ids_out[i] = order[i];
+    logprobs_out[i] = raw[order[i]] - lse;
+  }
+  return ETS_OK;
+}

@@ -97,3 +97,15 @@ def test_chunked_prefill_matches_one_call(model, prompt_ids):
         parts = model.logits()
         assert max(abs(a - b) for a, b in zip(whole, parts)) < 1e-3
         assert argmax(parts) == argmax(whole)
+
+
+def test_top_logprobs(model, prompt_ids):
+    model.forward(prompt_ids, 0)
+    greedy, greedy_logprob, _ = model.sample(GREEDY, 0)
+    top = model.top_logprobs(5)
+    assert len(top) == 5 and len({t for t, _ in top}) == 5
+    logprobs = [lp for _, lp in top]
+    assert logprobs == sorted(logprobs, reverse=True) and logprobs[0] <= 0
+    assert top[0][0] == greedy and top[0][1] == pytest.approx(greedy_logprob, abs=1e-5)
+    assert sum(math.exp(lp) for lp in logprobs) <= 1 + 1e-5
+    assert model.top_logprobs(0) == []

@@ -12,6 +12,7 @@ from app.model_host import ServedModel
 from app.text.chat_template import TemplateError
 from app.textgen import TextStream
 
+from ..common import check_model, plan_generation, usage
 from ..errors import APIError
 from ..generation_params import check_token_ids
 from .protocol import ChatCompletionRequest
@@ -25,24 +26,12 @@ class PreparedChat:
     created: int
 
 
-def context_error(prompt_tokens: int, requested: int | None, context: int) -> APIError:
-    asked = f" plus {requested} requested tokens" if requested else ""
-    return APIError(
-        400,
-        f"this model's context holds {context} tokens; the prompt has {prompt_tokens}{asked}",
-        code="context_length_exceeded",
-        param="messages",
-    )
-
-
 class ChatCompletions:
     def __init__(self, model: ServedModel):
         self.model = model
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model.id:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model.id}'",
-                           code="model_not_found", param="model")
+        check_model(self.model, name)
 
     def render_prompt(self, request: ChatCompletionRequest) -> str:
         if self.model.template is None:
@@ -56,18 +45,10 @@ class ChatCompletions:
     def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         """Everything that can fail because of the request fails here, before any output."""
         self.check_model(request.model)
+        self.model.engine.check_admission()
         check_token_ids(request.params, self.model.tokenizer.vocab_size)
         tokens = self.model.tokenizer.encode(self.render_prompt(request))
-        context = self.model.context_length
-        wanted = request.params.max_tokens
-        if len(tokens) >= context or (wanted is not None and len(tokens) + wanted > context):
-            raise context_error(len(tokens), wanted, context)
-        generation = GenerationRequest(
-            prompt=tokens,
-            max_tokens=wanted if wanted is not None else context - len(tokens),
-            sampling=request.params.sampling,
-            stop_token_ids=self.model.stop_token_ids,
-        )
+        generation = plan_generation(self.model, tokens, request.params, param="messages")
         return PreparedChat(request, generation, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
     def _text_stream(self, prepared: PreparedChat, cancel: CancelToken) -> TextStream:
@@ -76,13 +57,7 @@ class ChatCompletions:
 
     @staticmethod
     def _usage(stream: TextStream) -> dict[str, Any]:
-        s = stream.stats
-        return {
-            "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens,
-            "total_tokens": s.prompt_tokens + s.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
-        }
+        return usage(stream.stats)
 
     def complete(self, prepared: PreparedChat, cancel: CancelToken) -> dict[str, Any]:
         stream = self._text_stream(prepared, cancel)
