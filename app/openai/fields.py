@@ -81,3 +81,21 @@ class Fields:
         if not isinstance(value, list):
             raise invalid_value(name, f"'{name}' must be an array")
         return value
+
+    def reject_unknown(self) -> None:
+        """A 400 naming the first field nothing has read: unknown fields are refused, not ignored."""
+        unknown = sorted(set(self.body) - self.seen)
+        if unknown:
+            raise invalid_value(unknown[0], f"unknown parameter '{unknown[0]}'")
+
+
+def parse_stream(f: Fields) -> tuple[bool, bool]:
+    """`stream` and `stream_options.include_usage`, as every completion route reads them."""
+    stream = f.boolean("stream", False)
+    options = f.obj("stream_options") or {}
+    if options and not stream:
+        raise invalid_value("stream_options", "'stream_options' is only allowed with stream: true")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise invalid_value("stream_options.include_usage", "'include_usage' must be a boolean")
+    return stream, include_usage

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import APIError, invalid_value
-from ..fields import Fields
+from ..fields import Fields, parse_stream
 from ..generation_params import GenerationParams, parse_generation_params
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -34,13 +34,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     model = f.string("model", None)
     messages = _messages(f.raw("messages"))
     params = parse_generation_params(f)
-    stream = f.boolean("stream", False)
-    options = f.obj("stream_options") or {}
-    if options and not stream:
-        raise invalid_value("stream_options", "'stream_options' is only allowed with stream: true")
-    include_usage = options.get("include_usage", False)
-    if not isinstance(include_usage, bool):
-        raise invalid_value("stream_options.include_usage", "'include_usage' must be a boolean")
+    stream, include_usage = parse_stream(f)
     n = f.integer("n", 1, lo=1)
     if n != 1:
         raise invalid_value("n", "only n=1 is supported")
@@ -136,6 +130,4 @@ def _refuse_unknown(f: Fields) -> None:
         if f.body.get(name) not in (None, False):
             raise invalid_value(name, f"'{name}' is not supported by this server")
         f.raw(name)
-    unknown = sorted(set(f.body) - f.seen)
-    if unknown:
-        raise invalid_value(unknown[0], f"unknown parameter '{unknown[0]}'")
+    f.reject_unknown()

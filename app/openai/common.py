@@ -1,0 +1,71 @@
+"""What every completion route shares once a request is parsed: the model
+check, fitting a prompt and its max_tokens into the context, and usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engine import GenerationRequest, GenerationStats
+from app.model_host import ServedModel
+
+from .errors import APIError, invalid_value
+from .generation_params import GenerationParams
+
+
+def check_model(model: ServedModel, name: str | None) -> None:
+    if name is not None and name != model.id:
+        raise APIError(404, f"the model '{name}' does not exist; this server serves '{model.id}'",
+                       code="model_not_found", param="model")
+
+
+def vocab_limit(model: ServedModel) -> int:
+    """Token ids a client may send: inside both the tokenizer's and the model's vocabulary."""
+    limit = model.tokenizer.vocab_size
+    model_vocab = model.engine.model.info.vocab_size
+    return min(limit, model_vocab) if model_vocab > 0 else limit
+
+
+def check_token_list(tokens: list[int], limit: int, param: str) -> None:
+    for token in tokens:
+        if not 0 <= token < limit:
+            raise invalid_value(param, f"token id {token} is outside the vocabulary (size {limit})")
+
+
+def context_error(prompt_tokens: int, requested: int | None, context: int, *, param: str = "messages") -> APIError:
+    asked = f" plus {requested} requested tokens" if requested else ""
+    return APIError(
+        400,
+        f"this model's context holds {context} tokens; the prompt has {prompt_tokens}{asked}",
+        code="context_length_exceeded",
+        param=param,
+    )
+
+
+def plan_generation(model: ServedModel, tokens: list[int], params: GenerationParams, *, param: str,
+                    default_max_tokens: int | None = None) -> GenerationRequest:
+    """The engine request for `tokens`, or a 400 when they and the max_tokens asked for don't fit.
+
+    Without max_tokens, generation runs for `default_max_tokens` (or until the
+    context is full), cut to the room the prompt leaves.
+    """
+    context = model.context_length
+    wanted = params.max_tokens
+    if len(tokens) >= context or (wanted is not None and len(tokens) + wanted > context):
+        raise context_error(len(tokens), wanted, context, param=param)
+    room = context - len(tokens)
+    if wanted is None:
+        wanted = min(default_max_tokens, room) if default_max_tokens is not None else room
+    return GenerationRequest(prompt=tokens, max_tokens=wanted, sampling=params.sampling,
+                             stop_token_ids=model.stop_token_ids)
+
+
+def usage(*stats: GenerationStats) -> dict[str, Any]:
+    """OpenAI's usage object, summed over one or more generations."""
+    prompt = sum(s.prompt_tokens for s in stats)
+    completion = sum(s.completion_tokens for s in stats)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in stats)},
+    }

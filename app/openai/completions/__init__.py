@@ -1,0 +1,1 @@
+"""Legacy text completions: POST /v1/completions."""

@@ -1,0 +1,80 @@
+"""The (legacy) text completion request: parsed and validated, nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from ..errors import APIError, invalid_value
+from ..fields import Fields, parse_stream
+from ..generation_params import GenerationParams, parse_generation_params
+
+MAX_PROMPTS = 8
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this route
+
+# A prompt is either text or token ids.
+Prompt = Union[str, list[int]]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str | None
+    prompts: list[Prompt]  # one choice each, in this order
+    params: GenerationParams  # max_tokens None: DEFAULT_MAX_TOKENS, cut to the room the prompt leaves
+    stream: bool
+    include_usage: bool
+    echo: bool
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_request")
+    f = Fields(body)
+    model = f.string("model", None)
+    prompts = _prompts(f.raw("prompt"))
+    params = parse_generation_params(f)
+    stream, include_usage = parse_stream(f)
+    echo = f.boolean("echo", False)
+    n = f.integer("n", 1, lo=1)
+    if n != 1:
+        raise invalid_value("n", "only n=1 is supported")
+    best_of = f.integer("best_of", 1, lo=1)
+    if best_of != 1:
+        raise invalid_value("best_of", "only best_of=1 is supported")
+    if f.raw("suffix") not in (None, ""):
+        raise invalid_value("suffix", "'suffix' is not supported by this server")
+    if f.raw("logprobs") is not None:
+        raise invalid_value("logprobs", "'logprobs' is not supported by this server")
+    f.raw("user")
+    f.reject_unknown()
+    return CompletionRequest(model=model, prompts=prompts, params=params, stream=stream,
+                             include_usage=include_usage, echo=echo)
+
+
+def _is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _prompts(value: Any) -> list[Prompt]:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    if value is None:
+        raise APIError(400, "'prompt' is required", code="missing_required_parameter", param="prompt")
+    if isinstance(value, str):
+        prompts: list[Prompt] = [value]
+    elif isinstance(value, list) and value and all(_is_token(x) for x in value):
+        prompts = [value]
+    elif isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        prompts = list(value)
+    elif isinstance(value, list) and value and all(
+            isinstance(x, list) and x and all(_is_token(t) for t in x) for x in value):
+        prompts = list(value)
+    else:
+        raise invalid_value("prompt", "'prompt' must be a string, an array of strings, an array of token ids, "
+                                      "or an array of non-empty arrays of token ids")
+    if len(prompts) > MAX_PROMPTS:
+        raise invalid_value("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts")
+    for i, p in enumerate(prompts):
+        if p == "":
+            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            raise invalid_value("prompt", f"'{where}' is empty")
+    return prompts

@@ -1,0 +1,11 @@
+"""HTTP for (legacy) text completions."""
+
+from __future__ import annotations
+
+from ..generation_resource import GenerationResource
+from .protocol import parse_completion_request
+from .serving import Completions
+
+
+def completions_resource(service: Completions, max_body_bytes: int) -> GenerationResource:
+    return GenerationResource(parse_completion_request, service, max_body_bytes)

@@ -1,0 +1,1 @@
+"""Tokenizer utilities over HTTP: /tokenize, /detokenize, /apply-template (llama.cpp and vLLM shapes)."""
