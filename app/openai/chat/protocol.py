@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ class ChatCompletionRequest:
     stream: bool
     include_usage: bool
     tools: list[dict[str, Any]] | None
+    parallel_tool_calls: bool
     template_kwargs: dict[str, Any]
 
 
@@ -44,7 +46,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         raise invalid_value("tool_choice", "only tool_choice 'auto' and 'none' are supported so far")
     if tool_choice == "none":
         tools = None  # OpenAI: the model sees no tools
-    f.raw("parallel_tool_calls")
+    parallel_tool_calls = f.boolean("parallel_tool_calls", True)
     template_kwargs = f.obj("chat_template_kwargs") or {}
     for name in METADATA_FIELDS:
         f.raw(name)
@@ -56,6 +58,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         stream=stream,
         include_usage=include_usage,
         tools=tools,
+        parallel_tool_calls=parallel_tool_calls,
         template_kwargs=template_kwargs,
     )
 
@@ -79,8 +82,32 @@ def _message(i: int, m: Any) -> dict[str, Any]:
         raise invalid_value(f"{where}.role", f"'{where}.role' must be one of {', '.join(ROLES)}")
     out = dict(m)
     out["content"] = _content(where, role, m.get("content"), has_tool_calls=bool(m.get("tool_calls")))
+    if m.get("tool_calls") is not None:
+        if role != "assistant":
+            raise invalid_value(f"{where}.tool_calls", "only assistant messages carry tool_calls")
+        out["tool_calls"] = _tool_calls(where, m["tool_calls"])
     if role == "developer":  # templates know only "system"
         out["role"] = "system"
+    return out
+
+
+def _tool_calls(where: str, calls: Any) -> list[dict[str, Any]]:
+    """Assistant tool calls as templates expect them (HF convention: arguments as an object)."""
+    if not isinstance(calls, list):
+        raise invalid_value(f"{where}.tool_calls", f"'{where}.tool_calls' must be an array")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid_value(f"{where}.tool_calls[{j}]", "each tool call needs a function with a string 'name'")
+        arguments = fn.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise invalid_value(f"{where}.tool_calls[{j}].function.arguments",
+                                    "tool call arguments must be a JSON object") from None
+        out.append({**call, "function": {**fn, "arguments": arguments}})
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -11,6 +12,15 @@ from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
 from app.text.chat_template import TemplateError
 from app.textgen import TextStream
+from app.tools import (
+    ContentDelta,
+    StreamingToolParser,
+    ToolArgumentsDelta,
+    ToolCallStart,
+    parse_tool_calls,
+    template_supports_tools,
+    tools_system_prompt,
+)
 
 from ..common import check_model, plan_generation, usage
 from ..errors import APIError
@@ -29,6 +39,8 @@ class PreparedChat:
 class ChatCompletions:
     def __init__(self, model: ServedModel):
         self.model = model
+        source = model.tokenizer.chat_template or ""
+        self._template_takes_tools = template_supports_tools(source)
 
     def check_model(self, name: str | None) -> None:
         check_model(self.model, name)
@@ -36,8 +48,13 @@ class ChatCompletions:
     def render_prompt(self, request: ChatCompletionRequest) -> str:
         if self.model.template is None:
             raise APIError(400, "this model has no chat template", code="no_chat_template")
+        messages, tools = request.messages, request.tools
+        if not self._template_takes_tools:
+            messages = [_calls_as_text(m) for m in messages]
+            if tools:
+                messages, tools = with_tools_system_prompt(messages, tools), None
         try:
-            return self.model.template.render(request.messages, tools=request.tools, add_generation_prompt=True,
+            return self.model.template.render(messages, tools=tools, add_generation_prompt=True,
                                               **request.template_kwargs)
         except TemplateError as e:
             raise APIError(400, str(e), code="invalid_prompt", param="messages") from None
@@ -60,19 +77,26 @@ class ChatCompletions:
         return usage(stream.stats)
 
     def complete(self, prepared: PreparedChat, cancel: CancelToken) -> dict[str, Any]:
+        request = prepared.request
         stream = self._text_stream(prepared, cancel)
         text = stream.text()
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = stream.finish_reason
+        if request.tools:
+            parsed = parse_tool_calls(text, request.tools, parallel=request.parallel_tool_calls)
+            if parsed.tool_calls:
+                message["content"] = parsed.content or None
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in parsed.tool_calls
+                ]
+                finish = "tool_calls"
         return {
             "id": prepared.id,
             "object": "chat.completion",
             "created": prepared.created,
             "model": self.model.id,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": stream.finish_reason,
-            }],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             "usage": self._usage(stream),
         }
 
@@ -94,14 +118,58 @@ class ChatCompletions:
                 out["usage"] = None
             return out
 
+        request = prepared.request
+        parser = StreamingToolParser(request.tools, parallel=request.parallel_tool_calls) if request.tools else None
         stream = self._text_stream(prepared, cancel)
         yield chunk({"role": "assistant", "content": ""})
         for text in stream:
-            yield chunk({"content": text})
+            if parser is None:
+                yield chunk({"content": text})
+            else:
+                yield from (chunk(d) for d in tool_deltas(parser.push(text)))
         if stream.finish_reason == "cancelled":
             return
-        yield chunk({}, stream.finish_reason)
+        finish = stream.finish_reason
+        if parser is not None:
+            yield from (chunk(d) for d in tool_deltas(parser.finish()))
+            if parser.has_tool_calls:
+                finish = "tool_calls"
+        yield chunk({}, finish)
         if include_usage:
             final = chunk(None)
             final["usage"] = self._usage(stream)
             yield final
+
+
+def tool_deltas(deltas) -> Iterator[dict[str, Any]]:
+    """Parser deltas as OpenAI chat deltas (content, or a call's start and its argument fragments)."""
+    for d in deltas:
+        if isinstance(d, ContentDelta):
+            if d.text:
+                yield {"content": d.text}
+        elif isinstance(d, ToolCallStart):
+            yield {"tool_calls": [{"index": d.index, "id": d.id, "type": "function",
+                                   "function": {"name": d.name, "arguments": ""}}]}
+        elif isinstance(d, ToolArgumentsDelta):
+            yield {"tool_calls": [{"index": d.index, "function": {"arguments": d.fragment}}]}
+
+
+def with_tools_system_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For templates that ignore `tools`: describe them in the system message instead."""
+    prompt = tools_system_prompt(tools)
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        first = dict(messages[0], content=messages[0]["content"] + "\n\n" + prompt)
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def _calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's tool calls written into its text, in the format tools_system_prompt asks for."""
+    if not message.get("tool_calls"):
+        return message
+    calls = "".join(
+        "<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                                     ensure_ascii=False) + "\n</tool_call>"
+        for c in message["tool_calls"])
+    content = (message.get("content") or "") + calls
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
