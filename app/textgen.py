@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from app.engine import Generation
+from app.engine import Generation, TokenEvent
 from app.text.detokenizer import IncrementalDetokenizer
 from app.text.stop import StopMatcher
 from app.text.tokenizer import Tokenizer
@@ -22,10 +22,12 @@ class TextStream:
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
         self._stops = StopMatcher(list(stops))
         self.finish_reason: str | None = None
+        self.events: list[TokenEvent] = []  # every token generated, in order
 
     def __iter__(self) -> Iterator[str]:
         try:
             for event in self.generation:
+                self.events.append(event)
                 text, stopped = self._stops.push(self._detok.push(event.token_id))
                 if text:
                     yield text

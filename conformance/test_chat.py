@@ -118,3 +118,33 @@ def test_unknown_model_is_404(client):
 
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model-anywhere", messages=HELLO, max_tokens=1)
+
+
+def test_logprobs_with_alternatives(client, model):
+    r = chat(client, model, max_tokens=6, temperature=0, logprobs=True, top_logprobs=5)
+    content = r.choices[0].logprobs.content
+    assert len(content) >= 1
+    for item in content:
+        assert item.logprob <= 0 and len(item.top_logprobs) == 5
+        alts = [a.logprob for a in item.top_logprobs]
+        assert alts == sorted(alts, reverse=True) and all(lp <= 0 for lp in alts)
+        assert item.top_logprobs[0].token == item.token  # greedy picks the most likely token
+        assert bytes(item.bytes).decode("utf-8", errors="replace") == item.token
+    text = r.choices[0].message.content
+    assert "".join(i.token for i in content).startswith(text[:1])
+
+
+def test_logprobs_stream_like_non_stream(client, model):
+    whole = chat(client, model, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    streamed = []
+    for chunk in chat(client, model, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                streamed.extend(c.logprobs.content)
+    assert [i.token for i in streamed] == [i.token for i in whole]
+    assert [round(i.logprob, 4) for i in streamed] == [round(i.logprob, 4) for i in whole]
+
+
+def test_top_logprobs_without_logprobs_is_400(post, model):
+    r = post("/chat/completions", {"model": model, "messages": HELLO, "top_logprobs": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"

@@ -26,6 +26,8 @@ class ChatCompletionRequest:
     include_usage: bool
     tools: list[dict[str, Any]] | None
     parallel_tool_calls: bool
+    logprobs: bool
+    top_logprobs: int
     template_kwargs: dict[str, Any]
 
 
@@ -47,6 +49,10 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     if tool_choice == "none":
         tools = None  # OpenAI: the model sees no tools
     parallel_tool_calls = f.boolean("parallel_tool_calls", True)
+    logprobs = f.boolean("logprobs", False)
+    top_logprobs = f.integer("top_logprobs", 0, lo=0, hi=20)
+    if top_logprobs and not logprobs:
+        raise invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs': true")
     template_kwargs = f.obj("chat_template_kwargs") or {}
     for name in METADATA_FIELDS:
         f.raw(name)
@@ -59,6 +65,8 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         include_usage=include_usage,
         tools=tools,
         parallel_tool_calls=parallel_tool_calls,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
         template_kwargs=template_kwargs,
     )
 
@@ -148,7 +156,7 @@ def _tools(value: list[Any] | None) -> list[dict[str, Any]] | None:
 
 # Known OpenAI parameters this server does not implement yet: refused by name
 # rather than silently ignored.
-NOT_SUPPORTED = ("logprobs", "top_logprobs", "response_format", "audio", "modalities", "prediction",
+NOT_SUPPORTED = ("response_format", "audio", "modalities", "prediction",
                  "reasoning_effort", "web_search_options", "functions", "function_call")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from app.engine import CancelToken, GenerationRequest
@@ -24,6 +24,7 @@ from app.tools import (
 
 from ..common import check_model, plan_generation, usage
 from ..errors import APIError
+from ..logprobs import logprobs_content
 from ..generation_params import check_token_ids
 from .protocol import ChatCompletionRequest
 
@@ -66,6 +67,8 @@ class ChatCompletions:
         check_token_ids(request.params, self.model.tokenizer.vocab_size)
         tokens = self.model.tokenizer.encode(self.render_prompt(request))
         generation = plan_generation(self.model, tokens, request.params, param="messages")
+        if request.top_logprobs:
+            generation = replace(generation, top_logprobs=request.top_logprobs)
         return PreparedChat(request, generation, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
     def _text_stream(self, prepared: PreparedChat, cancel: CancelToken) -> TextStream:
@@ -75,6 +78,11 @@ class ChatCompletions:
     @staticmethod
     def _usage(stream: TextStream) -> dict[str, Any]:
         return usage(stream.stats)
+
+    def _logprobs(self, prepared: PreparedChat, events) -> dict[str, Any] | None:
+        if not prepared.request.logprobs:
+            return None
+        return {"content": logprobs_content(self.model.tokenizer, events, self.model.stop_token_ids)}
 
     def complete(self, prepared: PreparedChat, cancel: CancelToken) -> dict[str, Any]:
         request = prepared.request
@@ -96,7 +104,8 @@ class ChatCompletions:
             "object": "chat.completion",
             "created": prepared.created,
             "model": self.model.id,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(prepared, stream.events),
+                         "finish_reason": finish}],
             "usage": self._usage(stream),
         }
 
@@ -104,14 +113,21 @@ class ChatCompletions:
         """OpenAI chunks: a role chunk, content chunks, a finish chunk, then usage if asked."""
         include_usage = prepared.request.include_usage
 
+        reported = 0  # events whose logprobs went out already
+
         def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+            nonlocal reported
+            logprobs = None
+            if delta and "content" in delta and delta["content"]:
+                logprobs = self._logprobs(prepared, stream.events[reported:])
+                reported = len(stream.events)
             out = {
                 "id": prepared.id,
                 "object": "chat.completion.chunk",
                 "created": prepared.created,
                 "model": self.model.id,
                 "choices": [] if delta is None else [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                    {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
                 ],
             }
             if include_usage:
