@@ -7,6 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from app.text.tokenizer import byte_decoder
+
 from .registry import ModelSpec
 
 # llama.cpp token types.
@@ -21,15 +23,7 @@ QWEN2_SPLIT = (
 @lru_cache(maxsize=1)
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character table."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+    return {b: c for c, b in byte_decoder().items()}
 
 
 def _byte_level_spelling(token: str) -> str:
