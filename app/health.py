@@ -1,25 +1,70 @@
-"""GET /health: never waits on the engine lock."""
+"""GET /health, and the model's life cycle it reports: loading, ok, failed.
+
+/health never waits on the engine lock; while the model is not ready every
+other route answers 503 with the same state.
+"""
 
 from __future__ import annotations
+
+import logging
+from typing import Callable
 
 import falcon
 
 from app.model_host import ServedModel
+from app.openai.errors import APIError
+
+log = logging.getLogger("etserve")
+
+
+class ModelState:
+    """Where the one served model is in its life: "loading", "ok" or "failed"."""
+
+    def __init__(self) -> None:
+        self.status = "loading"
+        self.model: ServedModel | None = None
+        self.error: str | None = None
+
+    def load(self, loader: Callable[[], ServedModel], on_ready: Callable[[ServedModel], None]) -> None:
+        try:
+            model = loader()
+            on_ready(model)
+        except Exception as e:  # the worker stays up and says why on /health
+            log.exception("model failed to load")
+            self.status, self.error = "failed", str(e)
+            return
+        self.model, self.status = model, "ok"
+
+
+class RequireModel:
+    """Falcon middleware: until the model is ready, every route but /health is a 503."""
+
+    def __init__(self, state: ModelState):
+        self.state = state
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if self.state.status != "ok" and req.path != "/health":
+            message = "the model is still loading" if self.state.status == "loading" else "the model failed to load"
+            raise APIError(503, message, code=f"model_{self.state.status}", headers={"Retry-After": "5"})
 
 
 class HealthResource:
-    def __init__(self, model: ServedModel):
-        self.model = model
+    def __init__(self, state: ModelState):
+        self.state = state
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        engine = self.model.engine
-        resp.media = {
-            "status": "ok",
-            "model": self.model.id,
-            "engine": {
+        state = self.state
+        body: dict = {"status": state.status}
+        if state.model is not None:
+            engine = state.model.engine
+            body["model"] = state.model.id
+            body["engine"] = {
                 "generating": engine.generating,
                 "waiting": engine.waiting,
                 "requests": engine.requests_started,
                 "forward_calls": engine.forward_calls,
-            },
-        }
+            }
+        if state.error:  # the cause (with file paths) is in the server log, not on an open route
+            body["error"] = "the model failed to load; the server log says why"
+        resp.status = falcon.HTTP_200 if state.status == "ok" else falcon.HTTP_503
+        resp.media = body

@@ -6,11 +6,15 @@ gunicorn loads it with `app.wsgi:create_app()` (see gunicorn.conf.py).
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
+from typing import Callable
 
 import falcon
 
-from app.health import HealthResource
+from app.engine.offload import run_blocking
+from app.health import HealthResource, ModelState, RequireModel
 from app.model_host import ServedModel, load_served_model
 from app.openai import errors
 from app.openai.chat.routes import chat_completions_resource
@@ -23,10 +27,7 @@ from app.openai.tokenize.serving import Tokenization
 from app.settings import Settings
 
 
-def build_app(model: ServedModel, settings: Settings) -> falcon.App:
-    app = falcon.App()
-    app.req_options.strip_url_path_trailing_slash = True
-    errors.install(app)
+def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) -> None:
     chat_service = ChatCompletions(model)
     chat = chat_completions_resource(chat_service, settings.max_body_bytes)
     completions = completions_resource(Completions(model), settings.max_body_bytes)
@@ -39,11 +40,38 @@ def build_app(model: ServedModel, settings: Settings) -> falcon.App:
             app.add_route(f"{prefix}/{name}", tokenizer, suffix=name.replace("-", "_"))
         app.add_route(f"{prefix}/models", models)
         app.add_route(f"{prefix}/models/{{model_id}}", models, suffix="one")
-    app.add_route("/health", HealthResource(model))
+
+
+def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.App:
+    """The app answers at once; /health says "loading" until `loader` (run in the
+    background, off the event loop) has produced the model and its routes exist."""
+    state = ModelState()
+    app = falcon.App(middleware=[RequireModel(state)])
+    app.req_options.strip_url_path_trailing_slash = True
+    errors.install(app)
+    app.add_route("/health", HealthResource(state))
+
+    def load() -> None:
+        state.load(lambda: run_blocking(loader), lambda model: add_model_routes(app, model, settings))
+
+    spawn(load)
     return app
 
 
 def create_app(settings: Settings | None = None) -> falcon.App:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings or Settings.from_env()
-    return build_app(load_served_model(settings), settings)
+    return build_app(settings, lambda: load_served_model(settings))
+
+
+def spawn(fn: Callable[[], None]) -> None:
+    """Run `fn` beside the server: a greenlet under gevent, else a daemon thread."""
+    if "gevent" in sys.modules:
+        from gevent import monkey
+
+        if monkey.is_module_patched("threading"):
+            import gevent
+
+            gevent.spawn(fn)
+            return
+    threading.Thread(target=fn, daemon=True).start()

@@ -60,13 +60,13 @@ class Server:
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
-    def wait_ready(self, timeout: float = 120) -> None:
+    def wait_ready(self, timeout: float = 120, status: str = "ok") -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path.read_text()[-4000:]}")
             try:
-                if requests.get(self.base_url + "/health", timeout=1).status_code == 200:
+                if requests.get(self.base_url + "/health", timeout=1).json().get("status") == status:
                     return
             except requests.RequestException:
                 pass
@@ -100,10 +100,10 @@ def make_server(model_dir):
     """Start another server with extra ETSERVE_* settings; stopped at the end of the session."""
     started = []
 
-    def start(extra_env: dict[str, str]) -> Server:
-        srv = Server(model_dir, extra_env)
+    def start(extra_env: dict[str, str], status: str = "ok") -> Server:
+        srv = Server(Path(extra_env.pop("ETSERVE_MODEL_PATH", model_dir)), extra_env)
         started.append(srv)
-        srv.wait_ready()
+        srv.wait_ready(status=status)
         return srv
 
     yield start
