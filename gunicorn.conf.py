@@ -17,6 +17,9 @@ timeout = 60  # heartbeat only: native work runs off the gevent hub
 graceful_timeout = 30
 keepalive = 5
 accesslog = "-"
+# one line per request, carrying the id the response's X-Request-Id header shows
+access_log_format = '%(h)s "%(r)s" %(s)s %(B)sB %(M)sms rid=%({x-request-id}o)s'
+
 errorlog = "-"
 loglevel = os.environ.get("ETSERVE_LOG_LEVEL", "info")
 # gunicorn's control socket is one fixed path per user; several servers on one

@@ -36,6 +36,8 @@ SETTINGS: tuple[Setting, ...] = (
             "requests that may wait while one generates; more get 429"),
     Setting("queue_timeout", "ETSERVE_QUEUE_TIMEOUT", "--queue-timeout", "300",
             "seconds a request may wait for the model before a 503"),
+    Setting("api_key", "ETSERVE_API_KEY", "--api-key", "",
+            "require this key (Authorization: Bearer or X-Api-Key) on every route but /health"),
     Setting("max_body_bytes", "ETSERVE_MAX_BODY_BYTES", "--max-body-bytes", str(4 * 1024 * 1024),
             "largest request body accepted"),
 )
@@ -52,6 +54,7 @@ class Settings:
     prefill_chunk: int
     max_queue: int
     queue_timeout: int
+    api_key: str
     max_body_bytes: int
 
     @classmethod

@@ -13,6 +13,7 @@ from typing import Callable
 
 import falcon
 
+from app.auth import RequireApiKey
 from app.engine.offload import run_blocking
 from app.health import HealthResource, ModelState, RequireModel
 from app.model_host import ServedModel, load_served_model
@@ -24,6 +25,7 @@ from app.openai.completions.serving import Completions
 from app.openai.models.routes import ModelsResource
 from app.openai.tokenize.routes import TokenizerResource
 from app.openai.tokenize.serving import Tokenization
+from app.request_id import RequestId
 from app.settings import Settings
 
 
@@ -46,7 +48,11 @@ def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.A
     """The app answers at once; /health says "loading" until `loader` (run in the
     background, off the event loop) has produced the model and its routes exist."""
     state = ModelState()
-    app = falcon.App(middleware=[RequireModel(state)])
+    middleware = [RequestId()]
+    if settings.api_key:
+        middleware.append(RequireApiKey(settings.api_key))
+    middleware.append(RequireModel(state))
+    app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     errors.install(app)
     app.add_route("/health", HealthResource(state))
