@@ -1,0 +1,115 @@
+"""A corpus of malformed and hostile requests: each gets a 4xx envelope quickly; the server is unharmed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+OK_MSG = [{"role": "user", "content": "hi"}]
+FIELDS = {
+    "temperature": [-0.1, 2.5, "hot", True, [1], {"a": 1}, 1e400],
+    "top_p": [0, -1, 1.5, "x", False],
+    "top_k": [-1, 1.5, "10", [3]],
+    "min_p": [-0.5, 2, "0.1"],
+    "max_tokens": [0, -1, 10 ** 30, 1.5, "16", True],
+    "max_completion_tokens": [0, -7, "x"],
+    "presence_penalty": [-3, 3, "x"],
+    "frequency_penalty": [-2.5, 9, {}],
+    "repetition_penalty": [0, -1, 100, "1"],
+    "seed": ["seed", 1.5, 2 ** 70, -(2 ** 70)],
+    "stop": [5, [1, 2], ["x"] * 17, ["y" * 600], {"a": "b"}],
+    "stream": ["yes", 1, [True]],
+    "stream_options": ["on", [1]],
+    "n": [0, -1, 2, 100, "1"],
+    "logit_bias": ["x", [1], {"abc": 1}, {"1": 200}, {"1": "x"}, {"99999999": 1}, {str(i): 1 for i in range(2000)}],
+    "logprobs": ["yes", 1],
+    "top_logprobs": [-1, 21, "3"],
+    "tools": ["x", [1], [{"type": "function"}], [{"type": "other", "function": {"name": "f"}}]],
+    "tool_choice": ["required", {"type": "function", "function": {"name": "f"}}, 3],
+    "response_format": [{"type": "json_object"}],
+    "model": [5, ["a"], "not-our-model"],
+    "chat_template_kwargs": ["x", [1]],
+    "unknown_field": [1],
+}
+BAD_MESSAGES = [
+    None, "hi", 5, [], {}, [None], ["hi"], [{"content": "no role"}], [{"role": "wizard", "content": "x"}],
+    [{"role": "user"}], [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "image_url"}]}],
+    [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": [5]}],
+    [{"role": "user", "content": "x"}] * 5000, [{"role": ["user"], "content": "x"}],
+    [{"role": "tool", "content": None}], [{"role": "user", "content": "x", "tool_calls": "nope"}],
+    [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
+    [{"role": "user", "content": "word " * 3000}],
+]
+
+
+# Every field also refuses these shapes.
+ANY_FIELD_JUNK = [{"deep": {"er": [1, 2, {"x": None}]}}, "\u0000", "9" * 400]
+
+
+def cases():
+    for field, values in FIELDS.items():
+        junk = ANY_FIELD_JUNK if field not in ("model", "chat_template_kwargs", "stop", "tool_choice") else []
+        for i, value in enumerate(values + junk):
+            yield f"{field}-{i}", "json", {"messages": OK_MSG, field: value}
+    for i, messages in enumerate(BAD_MESSAGES):
+        yield f"messages-{i}", "json", {"messages": messages}
+    raw = [b"", b"{", b"}", b"[]", b"null", b"1", b'"str"', b"{\"messages\": [}", b"\xff\xfe\x00",
+           b'{"messages": NaN}', b'{"messages": [], "temperature": Infinity}', b'{"temperature": -Infinity}',
+           b"{" * 10000 + b"}" * 10000, b"[" * 500 + b"]" * 500, b'{"messages": "\xc3\x28"}',
+           b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 0}', b"\x00" * 100,
+           b'{"a":' * 200 + b"1" + b"}" * 200, b"<xml/>", b"messages=hi"]
+    for i, body in enumerate(raw):
+        yield f"raw-{i}", "raw", body
+    for i, n in enumerate([10_000]):
+        yield f"many-messages-{i}", "json", {"messages": [{"role": "user", "content": "x"}] * n}
+    for route in ("/v1/completions", "/tokenize", "/detokenize", "/apply-template"):
+        for i, body in enumerate([{}, {"prompt": 5}, {"tokens": ["a"]}, {"tokens": [-1]}, {"content": 3},
+                                  {"messages": "x"}, {"prompt": [[1, "a"]]}, {"prompt": "x", "suffix": "y"}]):
+            yield f"{route}-{i}", ("route", route), body
+
+
+CASES = list(cases())
+
+
+def test_the_corpus_is_large_enough():
+    assert len(CASES) >= 200
+
+
+@pytest.fixture(scope="module")
+def baseline(server):
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
+    text = requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+    return body, text["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("name, kind, body", CASES, ids=[c[0] for c in CASES])
+def test_hostile_request_gets_a_4xx_envelope(server, baseline, name, kind, body):
+    path = "/v1/chat/completions"
+    if kind == "raw":
+        r = requests.post(server.base_url + path, data=body, headers={"Content-Type": "application/json"}, timeout=10)
+    else:
+        if isinstance(kind, tuple):
+            path = kind[1]
+        data = json.dumps(body, allow_nan=True).encode()
+        r = requests.post(server.base_url + path, data=data, headers={"Content-Type": "application/json"},
+                          timeout=10)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert "Traceback" not in r.text and "/work/" not in r.text and ".py" not in r.text
+
+
+def test_server_unharmed_after_the_corpus(server, baseline):
+    body, before = baseline
+    after = requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert after["choices"][0]["message"]["content"] == before
+    assert requests.get(server.base_url + "/health", timeout=5).json()["status"] == "ok"
+
+
+def test_template_injection_is_rendered_as_text(server):
+    sneaky = "{{ ''.__class__.__mro__ }}{% for x in range(10) %}X{% endfor %}"
+    r = requests.post(server.base_url + "/apply-template", timeout=10,
+                      json={"messages": [{"role": "user", "content": sneaky}]})
+    assert r.status_code == 200 and sneaky in r.json()["prompt"]
