@@ -1,0 +1,64 @@
+"""Load: 8 concurrent clients, 200 requests, streaming and not; each completes correctly or gets a clean 429/503."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import requests
+
+CLIENTS = 8
+PER_CLIENT = 25
+PROMPTS = [f"Reply with one word: the colour of item number {i}." for i in range(CLIENTS)]
+
+
+def ask(server, prompt: str, stream: bool) -> tuple[int, str | None]:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 3, "temperature": 0, "stream": stream}
+    r = requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=600, stream=stream)
+    if r.status_code != 200:
+        return r.status_code, None
+    if not stream:
+        return 200, r.json()["choices"][0]["message"]["content"]
+    text, done = "", False
+    for line in r.iter_lines():
+        if line == b"data: [DONE]":
+            done = True
+        elif line:
+            payload = json.loads(line[6:])
+            assert "error" not in payload, payload
+            for c in payload["choices"]:
+                text += c["delta"].get("content") or ""
+    assert done, "stream ended without [DONE]"
+    return 200, text
+
+
+def test_concurrent_clients_get_their_own_answers(server):
+    expected = {p: ask(server, p, False)[1] for p in PROMPTS}
+    results: list[tuple[int, int, bool, int, str | None]] = []
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for k in range(PER_CLIENT):
+            stream = (c + k) % 2 == 0
+            status, text = ask(server, PROMPTS[c], stream)
+            with lock:
+                results.append((c, k, stream, status, text))
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=1200)
+    elapsed = time.monotonic() - t0
+    assert len(results) == CLIENTS * PER_CLIENT
+    refused = [r for r in results if r[3] in (429, 503)]
+    served = [r for r in results if r[3] == 200]
+    assert len(served) + len(refused) == len(results), {r[3] for r in results}
+    for c, k, stream, _, text in served:
+        assert text == expected[PROMPTS[c]], (c, k, stream, text)
+    assert len(served) >= len(results) // 2
+    print(f"{len(results)} requests from {CLIENTS} clients in {elapsed:.1f}s: "
+          f"{len(served)} served, {len(refused)} refused (429/503)")
+    assert server.health()["status"] == "ok"
