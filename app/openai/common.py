@@ -69,3 +69,23 @@ def usage(*stats: GenerationStats) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in stats)},
     }
+
+
+def timings(*stats: GenerationStats) -> dict[str, Any]:
+    """llama.cpp's `timings` object: where the time of a request went."""
+    prompt_n = sum(s.prompt_tokens - s.cached_tokens for s in stats)
+    prompt_ms = sum(s.prompt_ms for s in stats)
+    predicted_n = sum(s.completion_tokens for s in stats)
+    predicted_ms = sum(s.decode_ms for s in stats)
+    return {
+        "cache_n": sum(s.cached_tokens for s in stats),
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_second": round(prompt_n * 1000 / prompt_ms, 2) if prompt_ms > 0 else None,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        # the first token comes from the prompt's forward call; decode time covers the rest
+        "predicted_per_second": round((predicted_n - 1) * 1000 / predicted_ms, 2)
+        if predicted_ms > 0 and predicted_n > 1 else None,
+        "queued_ms": round(sum(s.queued_ms for s in stats), 3),
+    }

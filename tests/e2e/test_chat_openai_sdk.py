@@ -111,3 +111,16 @@ def test_multibyte_characters_arrive_whole(server, served_model, content):
     body_text = text[:-1] if finish == "length" and text.endswith("\ufffd") else text
     assert "\ufffd" not in body_text
     assert "🌍" in text, f"expected the model to repeat the emoji, got {text!r}"
+
+
+def test_timings_and_cached_tokens(server):
+    """A repeated prompt reuses the KV cache: the second request prefills only what changed."""
+    body = {"messages": [{"role": "user", "content": "Tell me about owls."}], "max_tokens": 4, "temperature": 0}
+    first = requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+    second = requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert second["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == second["usage"]["prompt_tokens"] - 1  # all but the last prompt token
+    t = second["timings"]
+    assert t["cache_n"] == cached and t["prompt_n"] == 1
+    assert t["predicted_n"] == second["usage"]["completion_tokens"] and t["predicted_ms"] > 0

@@ -22,7 +22,7 @@ from app.tools import (
     tools_system_prompt,
 )
 
-from ..common import check_model, plan_generation, usage
+from ..common import check_model, plan_generation, timings, usage
 from ..errors import APIError
 from ..logprobs import logprobs_content
 from ..generation_params import check_token_ids
@@ -107,6 +107,7 @@ class ChatCompletions:
             "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(prepared, stream.events),
                          "finish_reason": finish}],
             "usage": self._usage(stream),
+            "timings": timings(stream.stats),
         }
 
     def stream(self, prepared: PreparedChat, cancel: CancelToken) -> Iterator[dict[str, Any]]:
@@ -150,7 +151,9 @@ class ChatCompletions:
             yield from (chunk(d) for d in tool_deltas(parser.finish()))
             if parser.has_tool_calls:
                 finish = "tool_calls"
-        yield chunk({}, finish)
+        last = chunk({}, finish)
+        last["timings"] = timings(stream.stats)
+        yield last
         if include_usage:
             final = chunk(None)
             final["usage"] = self._usage(stream)

@@ -11,7 +11,7 @@ from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
 from app.textgen import TextStream
 
-from ..common import check_model, check_token_list, plan_generation, usage, vocab_limit
+from ..common import check_model, check_token_list, plan_generation, timings, usage, vocab_limit
 from ..errors import invalid_value
 from ..generation_params import check_token_ids
 from .protocol import DEFAULT_MAX_TOKENS, CompletionRequest, Prompt
@@ -82,6 +82,7 @@ class Completions:
             "model": self.model.id,
             "choices": choices,
             "usage": usage(*stats),
+            "timings": timings(*stats),
         }
 
     def stream(self, prepared: PreparedCompletion, cancel: CancelToken) -> Iterator[dict[str, Any]]:
