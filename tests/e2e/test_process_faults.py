@@ -1,0 +1,72 @@
+"""Process faults: graceful SIGTERM, and a worker killed outright comes back by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import requests
+
+from .streams import LONG, open_stream, read_events
+
+
+def worker_pids(master_pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(master_pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_sigterm_lets_the_running_stream_finish(make_server):
+    srv = make_server({})
+    result = {}
+
+    def stream():
+        body = {**LONG, "max_tokens": 12, "stream": True}
+        with requests.post(srv.base_url + "/v1/chat/completions", json=body, stream=True, timeout=300) as r:
+            result["lines"] = [line for line in r.iter_lines() if line]
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not srv.health()["engine"]["generating"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    srv.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=120)
+    lines = result["lines"]
+    assert lines[-1] == b"data: [DONE]"
+    finish = [c["finish_reason"] for line in lines[:-1] for c in json.loads(line[6:])["choices"]]
+    assert finish[-1] == "length"  # it ran to its max_tokens, not cut off
+    assert srv.proc.wait(timeout=60) == 0
+
+
+def test_a_killed_worker_is_replaced_and_serves_again(make_server):
+    srv = make_server({})
+    sock = open_stream(srv, {**LONG, "stream": True})
+    read_events(sock, 2)
+    (worker,) = worker_pids(srv.proc.pid)
+    os.kill(worker, signal.SIGKILL)
+    sock.settimeout(30)
+    tail = b""
+    try:
+        while chunk := sock.recv(65536):  # the stream ends (closed), it does not hang
+            tail += chunk
+    except ConnectionResetError:
+        pass
+    sock.close()
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if requests.get(srv.base_url + "/health", timeout=2).json().get("status") == "ok":
+                break
+        except requests.RequestException:
+            pass
+        assert time.monotonic() < deadline, "no healthy worker after kill -9"
+        time.sleep(0.2)
+    assert worker_pids(srv.proc.pid) != [worker]
+    r = requests.post(srv.base_url + "/v1/chat/completions", timeout=120,
+                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
