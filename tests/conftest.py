@@ -21,7 +21,7 @@ def _test_model_dir() -> Path:
         return Path(explicit)
     from app.models.registry import model_dir, resolve_options
 
-    return model_dir("smollm2-135m", resolve_options("smollm2-135m", max_seq_len=512))
+    return model_dir("smollm2-135m", resolve_options("smollm2-135m", max_seq_len=512, custom_ops=True))
 
 
 @pytest.fixture(scope="session")

@@ -109,3 +109,13 @@ def test_top_logprobs(model, prompt_ids):
     assert top[0][0] == greedy and top[0][1] == pytest.approx(greedy_logprob, abs=1e-5)
     assert sum(math.exp(lp) for lp in logprobs) <= 1 + 1e-5
     assert model.top_logprobs(0) == []
+
+
+def test_the_test_model_runs_our_custom_op_kernels(model_dir):
+    """The served export uses llama::custom_sdpa / update_cache, so every test above ran our kernels."""
+    import json
+    import mmap
+
+    assert json.loads((model_dir / "etserve.json").read_text())["custom_ops"] is True
+    with open(model_dir / "model.pte", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert m.find(b"llama::custom_sdpa") != -1 and m.find(b"llama::update_cache") != -1
