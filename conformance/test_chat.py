@@ -148,3 +148,25 @@ def test_logprobs_stream_like_non_stream(client, model):
 def test_top_logprobs_without_logprobs_is_400(post, model):
     r = post("/chat/completions", {"model": model, "messages": HELLO, "top_logprobs": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+
+
+def test_n_choices(client, model):
+    r = chat(client, model, max_tokens=8, temperature=1.0, seed=7, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content is not None for c in r.choices)
+    again = chat(client, model, max_tokens=8, temperature=1.0, seed=7, n=3)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+    single = chat(client, model, max_tokens=8, temperature=1.0, seed=7)
+    assert r.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counts once
+
+
+def test_n_choices_stream(client, model):
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in chat(client, model, max_tokens=6, temperature=0, n=2, stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert sorted(texts) == [0, 1] and sorted(finishes) == [0, 1]
+    assert texts[0] == texts[1]  # greedy: the same text twice

@@ -53,7 +53,7 @@ def export_pte(cfg, output: Path, *, custom_ops: bool, verbose: bool = False) ->
     import torch
 
     if custom_ops:
-        import executorch.extension.llm.custom_ops  # noqa: F401  registers llama::custom_sdpa / update_cache
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  the package alone registers nothing
     from executorch.examples.models.llama.export_llama_lib import export_llama
 
     cfg.debug.verbose = verbose

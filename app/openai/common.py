@@ -59,15 +59,17 @@ def plan_generation(model: ServedModel, tokens: list[int], params: GenerationPar
                              stop_token_ids=model.stop_token_ids)
 
 
-def usage(*stats: GenerationStats) -> dict[str, Any]:
-    """OpenAI's usage object, summed over one or more generations."""
-    prompt = sum(s.prompt_tokens for s in stats)
+def usage(*stats: GenerationStats, shared_prompt: bool = False) -> dict[str, Any]:
+    """OpenAI's usage object over one or more generations; with `shared_prompt` (n choices
+    of one prompt) the prompt counts once."""
+    counted = stats[:1] if shared_prompt else stats
+    prompt = sum(s.prompt_tokens for s in counted)
     completion = sum(s.completion_tokens for s in stats)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in stats)},
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in counted)},
     }
 
 

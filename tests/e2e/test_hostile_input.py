@@ -22,7 +22,7 @@ FIELDS = {
     "stop": [5, [1, 2], ["x"] * 17, ["y" * 600], {"a": "b"}],
     "stream": ["yes", 1, [True]],
     "stream_options": ["on", [1]],
-    "n": [0, -1, 2, 100, "1"],
+    "n": [0, -1, 9, 100, "1"],
     "logit_bias": ["x", [1], {"abc": 1}, {"1": 200}, {"1": "x"}, {"99999999": 1}, {str(i): 1 for i in range(2000)}],
     "logprobs": ["yes", 1],
     "top_logprobs": [-1, 21, "3"],

@@ -7,9 +7,6 @@ import pytest
 pytest.importorskip("gguf")
 
 from app.models.checkpoint import executorch_name, make_params  # noqa: E402
-from app.models.gguf_meta import open_gguf, read_metadata  # noqa: E402
-from app.models.gguf_source import locate_gguf  # noqa: E402
-from app.models.registry import get_spec  # noqa: E402
 
 EXPECTED = {
     "smollm2-135m": dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, vocab_size=49152,
@@ -20,14 +17,8 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_params_and_names(name):
-    spec = get_spec(name)
-    try:
-        path = locate_gguf(spec)
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    reader = open_gguf(path)
-    md = read_metadata(reader)
+def test_params_and_names(name, gguf_metadata):
+    spec, _, reader, md = gguf_metadata(name)
     names = {executorch_name(t.name) for t in reader.tensors}
     params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in names)
     for key, value in EXPECTED[name].items():

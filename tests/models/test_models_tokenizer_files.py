@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from app.models.gguf_meta import open_gguf, read_metadata  # noqa: E402
-from app.models.gguf_source import locate_gguf  # noqa: E402
-from app.models.registry import get_spec  # noqa: E402
 from app.models.tokenizer_files import build_tokenizer, write_tokenizer_files  # noqa: E402
 
 TEXTS = [
@@ -32,18 +26,9 @@ TEXTS = [
 ]
 
 
-def _spec_or_skip(name):
-    spec = get_spec(name)
-    try:
-        return spec, locate_gguf(spec)
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-
 @pytest.fixture(scope="module", params=["smollm2-135m", "qwen2.5-coder-0.5b"])
-def built(request, tmp_path_factory):
-    spec, path = _spec_or_skip(request.param)
-    md = read_metadata(open_gguf(path))
+def built(request, tmp_path_factory, gguf_metadata):
+    spec, path, _, md = gguf_metadata(request.param)
     out = tmp_path_factory.mktemp(spec.name)
     cfg = write_tokenizer_files(md, spec, out, max_seq_len=512)
     from tokenizers import Tokenizer

@@ -12,6 +12,7 @@ from ..generation_params import GenerationParams, parse_generation_params
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 4096
+MAX_CHOICES = 8
 
 # Fields OpenAI treats as bookkeeping: accepted, and they change nothing.
 METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
@@ -28,6 +29,7 @@ class ChatCompletionRequest:
     parallel_tool_calls: bool
     logprobs: bool
     top_logprobs: int
+    n: int
     template_kwargs: dict[str, Any]
 
 
@@ -39,9 +41,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     messages = _messages(f.raw("messages"))
     params = parse_generation_params(f)
     stream, include_usage = parse_stream(f)
-    n = f.integer("n", 1, lo=1)
-    if n != 1:
-        raise invalid_value("n", "only n=1 is supported")
+    n = f.integer("n", 1, lo=1, hi=MAX_CHOICES)
     tools = _tools(f.array("tools"))
     tool_choice = f.raw("tool_choice")
     if tool_choice not in (None, "auto", "none"):
@@ -67,6 +67,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         parallel_tool_calls=parallel_tool_calls,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        n=n,
         template_kwargs=template_kwargs,
     )
 

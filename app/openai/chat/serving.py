@@ -71,22 +71,23 @@ class ChatCompletions:
             generation = replace(generation, top_logprobs=request.top_logprobs)
         return PreparedChat(request, generation, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
-    def _text_stream(self, prepared: PreparedChat, cancel: CancelToken) -> TextStream:
-        generation = self.model.engine.generate(prepared.generation, cancel)
-        return TextStream(generation, self.model.tokenizer, prepared.request.params.stop)
-
-    @staticmethod
-    def _usage(stream: TextStream) -> dict[str, Any]:
-        return usage(stream.stats)
+    def _text_stream(self, prepared: PreparedChat, index: int, cancel: CancelToken) -> TextStream:
+        """Choice `index`: its own seed (the request's seed + index), the same prompt (cached after the first)."""
+        generation = prepared.generation
+        if index and generation.sampling.seed is not None:
+            generation = replace(generation, sampling=replace(generation.sampling,
+                                                              seed=generation.sampling.seed + index))
+        return TextStream(self.model.engine.generate(generation, cancel), self.model.tokenizer,
+                          prepared.request.params.stop)
 
     def _logprobs(self, prepared: PreparedChat, events) -> dict[str, Any] | None:
         if not prepared.request.logprobs:
             return None
         return {"content": logprobs_content(self.model.tokenizer, events, self.model.stop_token_ids)}
 
-    def complete(self, prepared: PreparedChat, cancel: CancelToken) -> dict[str, Any]:
+    def _choice(self, prepared: PreparedChat, index: int, cancel: CancelToken) -> tuple[dict[str, Any], TextStream]:
         request = prepared.request
-        stream = self._text_stream(prepared, cancel)
+        stream = self._text_stream(prepared, index, cancel)
         text = stream.text()
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish = stream.finish_reason
@@ -99,45 +100,69 @@ class ChatCompletions:
                     for c in parsed.tool_calls
                 ]
                 finish = "tool_calls"
+        choice = {"index": index, "message": message, "logprobs": self._logprobs(prepared, stream.events),
+                  "finish_reason": finish}
+        return choice, stream
+
+    def complete(self, prepared: PreparedChat, cancel: CancelToken) -> dict[str, Any]:
+        choices, stats = [], []
+        for index in range(prepared.request.n):
+            choice, stream = self._choice(prepared, index, cancel)
+            choices.append(choice)
+            stats.append(stream.stats)
+            if stream.finish_reason == "cancelled":
+                break
         return {
             "id": prepared.id,
             "object": "chat.completion",
             "created": prepared.created,
             "model": self.model.id,
-            "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(prepared, stream.events),
-                         "finish_reason": finish}],
-            "usage": self._usage(stream),
-            "timings": timings(stream.stats),
+            "choices": choices,
+            "usage": usage(*stats, shared_prompt=True),
+            "timings": timings(*stats),
         }
 
     def stream(self, prepared: PreparedChat, cancel: CancelToken) -> Iterator[dict[str, Any]]:
-        """OpenAI chunks: a role chunk, content chunks, a finish chunk, then usage if asked."""
-        include_usage = prepared.request.include_usage
+        """Per choice in turn: a role chunk, content (or tool-call) chunks, a finish chunk; then usage if asked."""
+        request = prepared.request
+        stats = []
+        for index in range(request.n):
+            stream = self._text_stream(prepared, index, cancel)
+            yield from self._stream_choice(prepared, index, stream)
+            stats.append(stream.stats)
+            if stream.finish_reason == "cancelled":
+                return
+        if request.include_usage:
+            final = self._chunk(prepared, None)
+            final["usage"] = usage(*stats, shared_prompt=True)
+            yield final
 
+    def _chunk(self, prepared: PreparedChat, choice: dict[str, Any] | None) -> dict[str, Any]:
+        out = {
+            "id": prepared.id,
+            "object": "chat.completion.chunk",
+            "created": prepared.created,
+            "model": self.model.id,
+            "choices": [] if choice is None else [choice],
+        }
+        if prepared.request.include_usage:
+            out["usage"] = None
+        return out
+
+    def _stream_choice(self, prepared: PreparedChat, index: int, stream: TextStream) -> Iterator[dict[str, Any]]:
+        request = prepared.request
         reported = 0  # events whose logprobs went out already
 
-        def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             nonlocal reported
             logprobs = None
-            if delta and "content" in delta and delta["content"]:
+            if delta.get("content"):
                 logprobs = self._logprobs(prepared, stream.events[reported:])
                 reported = len(stream.events)
-            out = {
-                "id": prepared.id,
-                "object": "chat.completion.chunk",
-                "created": prepared.created,
-                "model": self.model.id,
-                "choices": [] if delta is None else [
-                    {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-                ],
-            }
-            if include_usage:
-                out["usage"] = None
-            return out
+            return self._chunk(prepared, {"index": index, "delta": delta, "logprobs": logprobs,
+                                          "finish_reason": finish})
 
-        request = prepared.request
         parser = StreamingToolParser(request.tools, parallel=request.parallel_tool_calls) if request.tools else None
-        stream = self._text_stream(prepared, cancel)
         yield chunk({"role": "assistant", "content": ""})
         for text in stream:
             if parser is None:
@@ -154,10 +179,6 @@ class ChatCompletions:
         last = chunk({}, finish)
         last["timings"] = timings(stream.stats)
         yield last
-        if include_usage:
-            final = chunk(None)
-            final["usage"] = self._usage(stream)
-            yield final
 
 
 def tool_deltas(deltas) -> Iterator[dict[str, Any]]:
