@@ -6,9 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 MODEL ?= qwen2.5-coder-0.5b
 # The model the tests serve: small, fp32 (matches its reference exactly), short context,
-# exported with ExecuTorch's LLM custom ops (run by our kernels in native/).
+# exported with ExecuTorch's LLM custom ops (run by our kernels in native/), as every build is.
 TEST_MODEL ?= smollm2-135m
-TEST_MODEL_OPTS ?= --max-seq-len 512 --custom-ops
+TEST_MODEL_OPTS ?= --max-seq-len 512
 PYTEST_ARGS ?=
 
 .PHONY: help setup native model test-model serve test clean

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Optional
 
 DEFAULT_MAX_SEQ_LEN = 2048
-# Flip to True once the torch-free runtime kernels for llama::custom_sdpa / llama::update_cache land.
-DEFAULT_CUSTOM_OPS = False
+# ExecuTorch's standard LLM export (llama::custom_sdpa / llama::update_cache), which our own
+# kernels in native/src/llm_ops.cpp run; --no-custom-ops gives the portable fallback.
+DEFAULT_CUSTOM_OPS = True
 QUANTIZE_CHOICES = ("none", "8da4w")
 
 

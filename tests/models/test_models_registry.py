@@ -38,9 +38,11 @@ def test_eos_ids():
 
 def test_paths(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
-    assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32"
-    assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512", "--custom-ops"]) == 0
+    assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32-sdpa"
+    assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-sdpa")
+    assert main(["path", "qwen2.5-coder-0.5b", "--no-custom-ops"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx2048-8da4w")
     assert main(["path", "smollm2-135m", "--out", str(tmp_path / "x")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "x")
 
