@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -50,6 +51,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.command == "build":
         from .build import build
+
+        # Turn SIGTERM into SystemExit so the temp dirs are removed.
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
         print(build(args.name, opts, out=out, force=args.force, verbose=args.verbose))
         return 0

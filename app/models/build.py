@@ -81,6 +81,7 @@ def build(
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the server may run as another user
     work = Path(tempfile.mkdtemp(prefix="etserve-ckpt-"))
     stages = Stages(5)
     print(f"building {name} ({options.variant}) into {target}", file=sys.stderr)
