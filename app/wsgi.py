@@ -6,15 +6,13 @@ gunicorn loads it with `app.wsgi:create_app()` (see gunicorn.conf.py).
 from __future__ import annotations
 
 import logging
-import sys
-import threading
 import time
 from typing import Callable
 
 import falcon
 
 from app.auth import RequireApiKey
-from app.engine.offload import run_blocking
+from app.engine.offload import run_blocking, spawn
 from app.health import HealthResource, ModelState, RequireModel
 from app.model_host import ServedModel, load_served_model
 from app.openai import errors
@@ -69,15 +67,3 @@ def create_app(settings: Settings | None = None) -> falcon.App:
     settings = settings or Settings.from_env()
     return build_app(settings, lambda: load_served_model(settings))
 
-
-def spawn(fn: Callable[[], None]) -> None:
-    """Run `fn` beside the server: a greenlet under gevent, else a daemon thread."""
-    if "gevent" in sys.modules:
-        from gevent import monkey
-
-        if monkey.is_module_patched("threading"):
-            import gevent
-
-            gevent.spawn(fn)
-            return
-    threading.Thread(target=fn, daemon=True).start()

@@ -9,12 +9,14 @@ gevent (tests, scripts) the call simply runs in the caller's thread.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
 
-def _gevent_active() -> bool:
+def gevent_active() -> bool:
+    """True inside gunicorn's gevent worker (threading is monkey-patched)."""
     if "gevent" not in sys.modules:
         return False
     from gevent import monkey
@@ -23,8 +25,18 @@ def _gevent_active() -> bool:
 
 
 def run_blocking(fn: Callable[..., T], *args) -> T:
-    if _gevent_active():
+    if gevent_active():
         import gevent
 
         return gevent.get_hub().threadpool.apply(fn, args)
     return fn(*args)
+
+
+def spawn(fn: Callable[[], None]) -> None:
+    """Run `fn` beside the server: a greenlet under gevent, else a daemon thread."""
+    if gevent_active():
+        import gevent
+
+        gevent.spawn(fn)
+    else:
+        threading.Thread(target=fn, daemon=True).start()

@@ -705,11 +705,12 @@ bool check_stack(KernelRuntimeContext& ctx, Span<EValue*> stack, size_t need,
   return true;
 }
 
-bool is_tensor_args(KernelRuntimeContext& ctx, Span<EValue*> stack,
-                    std::initializer_list<size_t> idx, const char* op) {
+// Fails the call unless every argument at `idx` satisfies `ok` (e.g. isTensor).
+bool args_are(KernelRuntimeContext& ctx, Span<EValue*> stack, std::initializer_list<size_t> idx,
+              const char* op, bool (EValue::*ok)() const, const char* kind) {
   for (size_t i : idx) {
-    if (!stack[i]->isTensor()) {
-      ET_LOG(Error, "%s: argument %zu is not a tensor", op, i);
+    if (!(stack[i]->*ok)()) {
+      ET_LOG(Error, "%s: argument %zu is not %s", op, i, kind);
       ctx.fail(Error::InvalidProgram);
       return false;
     }
@@ -717,16 +718,14 @@ bool is_tensor_args(KernelRuntimeContext& ctx, Span<EValue*> stack,
   return true;
 }
 
+bool is_tensor_args(KernelRuntimeContext& ctx, Span<EValue*> stack,
+                    std::initializer_list<size_t> idx, const char* op) {
+  return args_are(ctx, stack, idx, op, &EValue::isTensor, "a tensor");
+}
+
 bool is_int_args(KernelRuntimeContext& ctx, Span<EValue*> stack,
                  std::initializer_list<size_t> idx, const char* op) {
-  for (size_t i : idx) {
-    if (!stack[i]->isInt()) {
-      ET_LOG(Error, "%s: argument %zu is not an int", op, i);
-      ctx.fail(Error::InvalidProgram);
-      return false;
-    }
-  }
-  return true;
+  return args_are(ctx, stack, idx, op, &EValue::isInt, "an int");
 }
 
 // update_cache.out(Tensor value, Tensor(a!) cache, SymInt start_pos, *, Tensor(b!) out)

@@ -43,9 +43,6 @@ class ChatCompletions:
         source = model.tokenizer.chat_template or ""
         self._template_takes_tools = template_supports_tools(source)
 
-    def check_model(self, name: str | None) -> None:
-        check_model(self.model, name)
-
     def render_prompt(self, request: ChatCompletionRequest) -> str:
         if self.model.template is None:
             raise APIError(400, "this model has no chat template", code="no_chat_template")
@@ -62,7 +59,7 @@ class ChatCompletions:
 
     def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         """Everything that can fail because of the request fails here, before any output."""
-        self.check_model(request.model)
+        check_model(self.model, request.model)
         self.model.engine.check_admission()
         check_token_ids(request.params, self.model.tokenizer.vocab_size)
         tokens = self.model.tokenizer.encode(self.render_prompt(request))
