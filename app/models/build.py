@@ -44,6 +44,7 @@ def manifest_matches(manifest: Optional[dict[str, Any]], spec: ModelSpec, option
         and manifest.get("max_seq_len") == options.max_seq_len
         and manifest.get("quantize") == options.quantize
         and manifest.get("custom_ops") == options.custom_ops
+        and manifest.get("embedding_quantize", "none") == options.embedding_quantize
         and manifest.get("group_size") == (spec.group_size if options.quantize != "none" else None)
     )
 
@@ -139,6 +140,7 @@ def build(
                 "quantize": options.quantize,
                 "group_size": spec.group_size if options.quantize != "none" else None,
                 "custom_ops": options.custom_ops,
+                "embedding_quantize": options.embedding_quantize,
                 "variant": options.variant,
                 "vocab_size": params["vocab_size"],
                 "eos_token_ids": tok_cfg["eos_token_ids"],

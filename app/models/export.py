@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .registry import BuildOptions
+from .registry import EMBEDDING_GROUP_SIZE, BuildOptions
 
 
 def make_llm_config(
@@ -45,6 +45,10 @@ def make_llm_config(
         cfg.quantization.group_size = group_size
     elif options.quantize != "none":
         raise ValueError(f"unsupported quantize {options.quantize!r}")
+    if options.embedding_quantize == "4bit":
+        cfg.quantization.embedding_quantize = f"4,{EMBEDDING_GROUP_SIZE}"
+    elif options.embedding_quantize != "none":
+        raise ValueError(f"unsupported embedding quantize {options.embedding_quantize!r}")
     return cfg
 
 

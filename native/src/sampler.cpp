@@ -59,6 +59,33 @@ void apply_penalties(const ets_sampling& p, float* x, int64_t vocab) {
   }
 }
 
+bool allowed_bit(const uint32_t* words, int64_t n_words, int64_t id) {
+  return id / 32 < n_words && ((words[id / 32] >> (id % 32)) & 1u) != 0;
+}
+
+// Sets every token the mask excludes to -inf. If bias or penalties already
+// pushed every allowed token to -inf, the allowed tokens get their raw logits
+// back: the constraint outranks the preferences. False if nothing is allowed.
+bool apply_mask(const uint32_t* words, int32_t n_words, const float* raw, float* x, int64_t vocab) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  int64_t allowed = 0, finite = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (allowed_bit(words, n_words, i)) {
+      ++allowed;
+      if (std::isfinite(x[i])) ++finite;
+    } else {
+      x[i] = neg_inf;
+    }
+  }
+  if (allowed == 0) return false;
+  if (finite == 0) {
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (allowed_bit(words, n_words, i)) x[i] = raw[i];
+    }
+  }
+  return true;
+}
+
 // Temperature, top-k, min-p and top-p over `x`, then one draw. `order` is
 // scratch space for candidate ids.
 int32_t draw(const ets_sampling& p, const float* x, int64_t vocab, std::vector<int32_t>& order,
@@ -145,6 +172,12 @@ extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_sta
     }
   }
   apply_penalties(*p, x.data(), vocab);
+  if (p->allowed != nullptr) {
+    if (p->n_allowed_words <= 0) return m->fail(ETS_ERR_INVALID_ARGUMENT, "the token mask is empty");
+    if (!apply_mask(p->allowed, p->n_allowed_words, m->logits.data(), x.data(), vocab)) {
+      return m->fail(ETS_ERR_INVALID_ARGUMENT, "the token mask allows no token of this vocabulary");
+    }
+  }
   int32_t token = p->temperature <= 0.0f ? arg_max(x.data(), vocab)
                                          : draw(*p, x.data(), vocab, m->order, rng_state);
   *token_out = token;

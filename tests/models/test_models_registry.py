@@ -17,6 +17,7 @@ from app.models.registry import BuildOptions, resolve_options
 def test_variants():
     assert BuildOptions(2048, "none", False).variant == "ctx2048-fp32"
     assert BuildOptions(512, "8da4w", True).variant == "ctx512-8da4w-sdpa"
+    assert BuildOptions(2048, "8da4w", True, "4bit").variant == "ctx2048-8da4w-e4-sdpa"
 
 
 def test_defaults():
@@ -24,9 +25,12 @@ def test_defaults():
     qwen = resolve_options("qwen2.5-coder-0.5b")
     assert (smol.max_seq_len, smol.quantize, smol.custom_ops) == (2048, "none", registry.DEFAULT_CUSTOM_OPS)
     assert (qwen.quantize, registry.MODELS["qwen2.5-coder-0.5b"].group_size) == ("8da4w", 32)
+    assert (qwen.embedding_quantize, smol.embedding_quantize) == ("4bit", "none")
     assert resolve_options("smollm2-135m", 512, "8da4w", True) == BuildOptions(512, "8da4w", True)
     with pytest.raises(ValueError):
         resolve_options("smollm2-135m", quantize="int3")
+    with pytest.raises(ValueError):
+        resolve_options("smollm2-135m", embedding_quantize="2bit")
     with pytest.raises(KeyError):
         resolve_options("nope")
 
@@ -40,8 +44,8 @@ def test_paths(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
     assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32-sdpa"
     assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-sdpa")
-    assert main(["path", "qwen2.5-coder-0.5b", "--no-custom-ops"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-sdpa")
+    assert main(["path", "qwen2.5-coder-0.5b", "--no-custom-ops", "--embedding-quantize", "none"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx2048-8da4w")
     assert main(["path", "smollm2-135m", "--out", str(tmp_path / "x")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "x")
@@ -66,6 +70,7 @@ def test_manifest_matches():
          "custom_ops": False, "group_size": 32}
     assert manifest_matches(m, spec, opts)
     assert not manifest_matches(dict(m, custom_ops=True), spec, opts)
+    assert not manifest_matches(dict(m, embedding_quantize="4bit"), spec, opts)
     assert not manifest_matches(None, spec, opts)
 
 

@@ -1,0 +1,15 @@
+"""Constrained decoding: grammars for JSON and tool calls, compiled over the model's
+tokenizer into per-step token masks that the native sampler applies."""
+
+from .compiler import Grammar, GrammarCompiler, GrammarError, TokenMatcher
+from .formats import json_grammar, output_grammar, tool_calls_grammar
+
+__all__ = [
+    "Grammar",
+    "GrammarCompiler",
+    "GrammarError",
+    "TokenMatcher",
+    "json_grammar",
+    "output_grammar",
+    "tool_calls_grammar",
+]

@@ -1,0 +1,99 @@
+"""Grammars compiled over the test model's real tokenizer: what the token masks allow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.grammar import GrammarCompiler, GrammarError, json_grammar, output_grammar, tool_calls_grammar
+from app.text.tokenizer import Tokenizer
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir) -> Tokenizer:
+    return Tokenizer.from_dir(model_dir)
+
+
+@pytest.fixture(scope="module")
+def compiler(model_dir, tokenizer) -> GrammarCompiler:
+    return GrammarCompiler.from_file(model_dir / "tokenizer.json", tokenizer.vocab_size, tokenizer.eos_token_ids)
+
+
+def allows(mask: bytes, token: int) -> bool:
+    word = int.from_bytes(mask[4 * (token // 32): 4 * (token // 32) + 4], "little")
+    return bool(word >> (token % 32) & 1)
+
+
+def walk(compiler, tokenizer, lark: str, text: str) -> tuple[bool, object]:
+    """Feed `text`'s tokens through a fresh matcher, checking each against the mask first."""
+    matcher = compiler.compile(lark).matcher()
+    for token in tokenizer.encode(text):
+        if not allows(matcher.allowed(), token):
+            return False, matcher
+        matcher.accept(token)
+    return True, matcher
+
+
+def test_a_declared_call_is_allowed_token_by_token_and_then_only_end_of_turn(compiler, tokenizer):
+    lark = output_grammar(tool_calls_grammar([WEATHER, TIME], parallel=False))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    ok, matcher = walk(compiler, tokenizer, lark, call)
+    assert ok
+    mask = matcher.allowed()
+    allowed = [t for t in range(tokenizer.vocab_size) if allows(mask, t)]
+    newline = tokenizer.encode("\n")
+    assert set(allowed) <= set(tokenizer.eos_token_ids) | set(newline)
+    assert set(tokenizer.eos_token_ids) & set(allowed)
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "get_news", "arguments": {}}\n</tool_call>',  # undeclared tool
+    '<tool_call>\n{"name": "get_weather", "arguments": {"days": 2}}\n</tool_call>',  # misses a required argument
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": 3}}\n</tool_call>',  # wrong type
+    'Sure! <tool_call>',  # text before the call
+])
+def test_calls_that_break_the_schema_are_masked_out(compiler, tokenizer, text):
+    ok, _ = walk(compiler, tokenizer, output_grammar(tool_calls_grammar([WEATHER, TIME], parallel=True)), text)
+    assert not ok
+
+
+def test_parallel_calls_only_when_asked(compiler, tokenizer):
+    two = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    assert walk(compiler, tokenizer, output_grammar(tool_calls_grammar([WEATHER, TIME], parallel=True)), two)[0]
+    assert not walk(compiler, tokenizer, output_grammar(tool_calls_grammar([WEATHER, TIME], parallel=False)), two)[0]
+
+
+def test_json_schema_and_its_alternative(compiler, tokenizer):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    only_json = output_grammar(json_grammar(schema))
+    assert walk(compiler, tokenizer, only_json, json.dumps({"n": 7}))[0]
+    assert not walk(compiler, tokenizer, only_json, json.dumps({"n": 12}))[0]
+    assert not walk(compiler, tokenizer, only_json, json.dumps({"n": 7, "m": 1}))[0]
+    either = output_grammar(tool_calls_grammar([TIME], parallel=False), json_grammar(schema))
+    assert walk(compiler, tokenizer, either, json.dumps({"n": 3}))[0]
+    assert walk(compiler, tokenizer, either,
+                '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')[0]
+
+
+def test_any_json_object(compiler, tokenizer):
+    lark = output_grammar(json_grammar(None))
+    assert walk(compiler, tokenizer, lark, '{"a": [1, 2, {"b": null}], "c": "d"}')[0]
+    assert not walk(compiler, tokenizer, lark, '[1, 2]')[0]
+
+
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
+    ({"type": "string", "format": "no-such-format"}, "no-such-format"),
+])
+def test_schema_features_that_cannot_be_enforced_are_errors(compiler, schema, named):
+    with pytest.raises(GrammarError, match=named):
+        compiler.compile(output_grammar(json_grammar(schema)))
