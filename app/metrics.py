@@ -1,0 +1,161 @@
+"""Prometheus metrics for GET /metrics: one registry per app, what it counts, and how it is fed.
+
+Requests are observed by a Falcon middleware (`ObserveRequests`), labelled by the
+route template they matched (unknown paths are "other"), so the label set stays
+small whatever clients send. Generations are observed by the engine itself: it
+calls `Metrics.observe_generation` with each finished generation's stats, the one
+place every route's token counts and timings are known. The queue and generating
+gauges are read from the engine at scrape time.
+
+One gunicorn worker serves the app, so no multiprocess mode is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import falcon
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from app.engine import Engine, GenerationStats
+
+OTHER_ROUTE = "other"
+METRICS_AUTH_CHOICES = ("open", "key")
+
+# seconds: a request can wait in the queue for minutes; a token takes tens of milliseconds
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
+
+
+def metrics_open(metrics_auth: str) -> bool:
+    """Whether /metrics skips the API key (the `metrics_auth` setting: "open" or "key")."""
+    if metrics_auth not in METRICS_AUTH_CHOICES:
+        raise ValueError(f"metrics_auth must be one of {', '.join(METRICS_AUTH_CHOICES)}, got {metrics_auth!r}")
+    return metrics_auth == "open"
+
+
+class Metrics:
+    """The app's own registry (never prometheus_client's global one) and the metrics in it."""
+
+    def __init__(self, engine: Callable[[], Engine | None]):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("etserve_requests", "HTTP requests by route template and status code",
+                                ["route", "status"], registry=r)
+        self.request_seconds = Histogram("etserve_request_duration_seconds",
+                                         "Time from request to the last byte of the response, by route template",
+                                         ["route"], buckets=REQUEST_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("etserve_prompt_tokens", "Prompt tokens of finished generations", registry=r)
+        self.cached_tokens = Counter("etserve_prompt_tokens_cached",
+                                     "Prompt tokens taken from the KV cache instead of prefilled", registry=r)
+        self.cache_hits = Counter("etserve_prefix_cache_hits",
+                                  "Generations that reused a prefix already in the KV cache", registry=r)
+        self.generated_tokens = Counter("etserve_generated_tokens", "Tokens generated", registry=r)
+        self.generations = Counter("etserve_generations", "Generations finished (or cancelled)", registry=r)
+        self.first_token_seconds = Histogram(
+            "etserve_time_to_first_token_seconds",
+            "Time a generation took to its first token: waiting for the engine plus prefill",
+            buckets=FIRST_TOKEN_BUCKETS, registry=r)
+        self.token_seconds = Histogram(
+            "etserve_time_per_output_token_seconds",
+            "Mean gap between a generation's tokens after the first (one observation per generation of 2+ tokens)",
+            buckets=TOKEN_BUCKETS, registry=r)
+
+        def engine_value(read: Callable[[Engine], float]) -> Callable[[], float]:
+            return lambda: float(read(e)) if (e := engine()) is not None else 0.0
+
+        Gauge("etserve_queue_depth", "Requests waiting for the engine right now",
+              registry=r).set_function(engine_value(lambda e: e.waiting))
+        Gauge("etserve_generating", "1 while the engine generates, else 0",
+              registry=r).set_function(engine_value(lambda e: e.generating))
+
+    def observe_generation(self, stats: GenerationStats) -> None:
+        self.generations.inc()
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
+        if stats.cached_tokens:
+            self.cache_hits.inc()
+        self.generated_tokens.inc(stats.completion_tokens)
+        if stats.completion_tokens:
+            self.first_token_seconds.observe((stats.queued_ms + stats.prompt_ms) / 1000)
+        if stats.completion_tokens > 1:
+            self.token_seconds.observe(stats.decode_ms / 1000 / (stats.completion_tokens - 1))
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.request_seconds.labels(route).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ObserveRequests:
+    """Falcon middleware, first in the chain: counts and times every request.
+
+    A streamed body is timed to its end: the response's stream is wrapped so the
+    observation happens when the server closes it (finished or client gone).
+    `find_route(path)` names the route template of paths that middleware refused
+    before routing (401, 503), so they still count under their route.
+    """
+
+    def __init__(self, metrics: Metrics, find_route: Callable[[str], str | None]):
+        self.metrics = metrics
+        self.find_route = find_route
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.metrics_started = time.perf_counter()
+
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
+        started = getattr(req.context, "metrics_started", None) or time.perf_counter()
+        route = req.uri_template or self.find_route(req.path) or OTHER_ROUTE
+        status = resp.status_code
+
+        def observe() -> None:
+            self.metrics.observe_request(route, status, time.perf_counter() - started)
+
+        if resp.stream is not None and not hasattr(resp.stream, "read"):
+            resp.stream = ObservedStream(resp.stream, observe)
+        else:
+            observe()
+
+
+class ObservedStream:
+    """A response body that calls `on_close` once, when the server closes it."""
+
+    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None]):
+        self._body = body
+        self._on_close = on_close
+
+    def __iter__(self):
+        return iter(self._body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            on_close, self._on_close = self._on_close, None
+            if on_close is not None:
+                on_close()
+
+
+class MetricsResource:
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.data = self.metrics.exposition()
+
+
+def route_finder(router: falcon.routing.CompiledRouter) -> Callable[[str], str | None]:
+    """The route template `router` would match for a path, or None."""
+
+    def find(path: str) -> str | None:
+        found = router.find(path)
+        return found[3] if found else None
+
+    return find
