@@ -31,12 +31,15 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--verbose", action="store_true", help="show the exporter's output")
     _add_model_args(sub.add_parser("path", help="print the directory build would produce"))
     sub.add_parser("list", help="known models and their defaults")
-    v = sub.add_parser("verify", help="compare the built .pte with transformers on the same GGUF")
+    v = sub.add_parser("verify", help="compare the built .pte with a reference model on the same GGUF")
     _add_model_args(v)
     v.add_argument("--prompt", default=None, help="user message (default: a short question)")
     v.add_argument("--new-tokens", type=int, default=32, help="greedy tokens to compare")
     v.add_argument("--ignore-eos", action="store_true", help="always generate --new-tokens tokens")
     v.add_argument("--no-reference", action="store_true", help="only run the .pte and print its text")
+    v.add_argument("--against", choices=("auto", "transformers", "eager"), default="auto",
+                   help="transformers (fp32), or eager: the exporter's eager module with the build's "
+                        "quantization (auto: transformers for fp32 builds, eager for quantized ones)")
     return ap
 
 
@@ -64,7 +67,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .verify import verify
 
         report = verify(args.name, out, prompt=args.prompt, new_tokens=args.new_tokens,
-                        reference=not args.no_reference, ignore_eos=args.ignore_eos)
+                        reference=not args.no_reference, ignore_eos=args.ignore_eos, against=args.against)
         return 0 if report.get("ok", True) else 1
     return 2
 

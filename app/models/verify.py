@@ -1,4 +1,6 @@
-"""Check a built ``model.pte`` (via the ExecuTorch pybinding) against transformers on the same GGUF.
+"""Check a built ``model.pte`` (via the ExecuTorch pybinding) against a reference: transformers on
+the same GGUF (fp32 builds), or the exporter's own eager module with the build's quantization
+(``app/models/eager.py``; quantized builds).
 
 Build-time tool: needs torch, executorch and transformers.
 """
@@ -30,11 +32,13 @@ def chat_prompt_ids(tokenizer, user: str) -> list[int]:
 class PteRunner:
     """Drive a ``.pte`` through the pybinding: prefill once at pos 0, then one token per call."""
 
-    def __init__(self, pte: Path, custom_ops: bool) -> None:
+    def __init__(self, pte: Path, custom_ops: bool, quantized_ops: bool = False) -> None:
         import torch  # noqa: F401  the pybinding's tensors are torch tensors
 
         if custom_ops:
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  loads the torch ops + ET kernels
+        if quantized_ops:
+            import executorch.kernels.quantized  # noqa: F401  quantized_decomposed::embedding_4bit and kin
         from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
         self.module = _load_for_executorch(str(pte))
@@ -74,6 +78,31 @@ class HfRunner:
         return out.logits[0, -1].float()
 
 
+class EagerRunner:
+    """ExecuTorch's eager llama module with the same source transforms as the build, KV cache inside."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import shutil
+        import tempfile
+
+        from .eager import load_eager_model
+
+        work = Path(tempfile.mkdtemp(prefix="etserve-eager-"))  # no "8da4w"/"int8" in the path
+        try:
+            self.model = load_eager_model(model_dir, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def forward(self, tokens: Sequence[int], pos: int):
+        import torch
+
+        with torch.no_grad():
+            out = self.model(torch.tensor([list(tokens)], dtype=torch.long), {"input_pos": torch.tensor([pos])})
+        if isinstance(out, tuple):
+            out = out[0]
+        return out[0, -1].float()  # it returns every position's logits
+
+
 def greedy(forward: Callable, prompt: list[int], n: int, eos: set[int]) -> tuple[list[int], Any, float, float]:
     """Greedy decode until ``n`` tokens or an id in ``eos``; returns (tokens, prefill logits, prefill s, decode s)."""
     t0 = time.perf_counter()
@@ -100,8 +129,12 @@ def verify(
     reference: bool = True,
     ignore_eos: bool = False,
     stream=sys.stdout,
+    against: str = "auto",
 ) -> dict[str, Any]:
-    """Run the ``.pte`` (and the transformers reference); print and return a report."""
+    """Run the ``.pte`` (and a reference); print and return a report.
+
+    ``against``: "transformers" (the fp32 model), "eager" (the exporter's eager module with the
+    same quantization), or "auto": transformers for an fp32 build, eager for a quantized one."""
     from .build import read_manifest
     from .gguf_source import locate_gguf
     from .registry import get_spec
@@ -113,7 +146,8 @@ def verify(
     ids = chat_prompt_ids(tokenizer, prompt or DEFAULT_PROMPT)
     eos = set() if ignore_eos else set(manifest["eos_token_ids"])
 
-    pte = PteRunner(model_dir / "model.pte", manifest["custom_ops"])
+    pte = PteRunner(model_dir / "model.pte", manifest["custom_ops"],
+                    quantized_ops=manifest.get("embedding_quantize", "none") != "none")
     report: dict[str, Any] = {
         "model_dir": str(model_dir),
         "prompt_tokens": len(ids),
@@ -127,13 +161,19 @@ def verify(
         prefill_tok_s=round(len(ids) / t_prefill, 1),
         decode_tok_s=round((len(toks) - 1) / t_decode, 1) if len(toks) > 1 and t_decode > 0 else None,
     )
+    quantized = manifest["quantize"] != "none" or manifest.get("embedding_quantize", "none") != "none"
+    if against == "auto":
+        against = "eager" if quantized else "transformers"
+    if against not in ("transformers", "eager"):
+        raise ValueError(f"unknown reference {against!r}")
     if reference:
-        hf = HfRunner(locate_gguf(get_spec(name)))
-        ref_toks, ref_logits, _, _ = greedy(hf.forward, ids, new_tokens, eos)
+        ref = EagerRunner(model_dir) if against == "eager" else HfRunner(locate_gguf(get_spec(name)))
+        ref_toks, ref_logits, _, _ = greedy(ref.forward, ids, new_tokens, eos)
         mismatch = next((i for i, (a, b) in enumerate(zip(toks, ref_toks)) if a != b), None)
         if mismatch is None and len(toks) != len(ref_toks):
             mismatch = min(len(toks), len(ref_toks))
         report.update(
+            reference=against,
             max_abs_diff=float((logits - ref_logits).abs().max()),
             ref_logit_range=float(ref_logits.abs().max()),
             same_argmax=int(logits.argmax()) == int(ref_logits.argmax()),
@@ -141,7 +181,7 @@ def verify(
             first_mismatch=mismatch,
             ref_text=tokenizer.decode(ref_toks, skip_special_tokens=False),
         )
-        # fp32 must agree with the reference; a re-quantized model is only reported on.
-        report["ok"] = report["same_argmax"] if manifest["quantize"] == "none" else True
+        # Same weights must agree; a quantized model against fp32 transformers is only reported on.
+        report["ok"] = report["same_argmax"] if (against == "eager" or not quantized) else True
     print(json.dumps(report, indent=2, ensure_ascii=False), file=stream)
     return report
