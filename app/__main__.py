@@ -23,6 +23,10 @@ def parser() -> argparse.ArgumentParser:
         epilog="Every flag can also be set by its environment variable.",
     )
     for s in SETTINGS:
+        if s.switch:  # a flag without a value, like the ExecuTorch reference server's --no-think
+            p.add_argument(s.flag, dest=s.name, default=None, action="store_const", const="1",
+                           help=f"{s.help} (env {s.env}=1, default off)")
+            continue
         p.add_argument(s.flag, dest=s.name, default=None, metavar=s.env,
                        help=f"{s.help} (env {s.env}, default {s.default or 'none'})")
     return p

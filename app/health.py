@@ -11,6 +11,7 @@ from typing import Callable
 
 import falcon
 
+from app.engine import NativeError
 from app.model_host import ServedModel
 from app.openai.errors import APIError
 
@@ -29,6 +30,10 @@ class ModelState:
         try:
             model = loader()
             on_ready(model)
+        except (NativeError, OSError) as e:  # expected: a bad or missing file; the message says it all
+            log.error("model failed to load: %s", e)
+            self.status, self.error = "failed", str(e)
+            return
         except Exception as e:  # the worker stays up and says why on /health
             log.exception("model failed to load")
             self.status, self.error = "failed", str(e)
@@ -37,13 +42,15 @@ class ModelState:
 
 
 class RequireModel:
-    """Falcon middleware: until the model is ready, every route but /health is a 503."""
+    """Falcon middleware: until the model is ready, every route but /health (and `open_paths`,
+    which need no model) is a 503."""
 
-    def __init__(self, state: ModelState):
+    def __init__(self, state: ModelState, open_paths: frozenset[str] = frozenset()):
         self.state = state
+        self.open_paths = open_paths | {"/health"}
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if self.state.status != "ok" and req.path != "/health":
+        if self.state.status != "ok" and req.path not in self.open_paths:
             message = "the model is still loading" if self.state.status == "loading" else "the model failed to load"
             raise APIError(503, message, code=f"model_{self.state.status}", headers={"Retry-After": "5"})
 

@@ -7,10 +7,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine import Engine, NativeModel, set_num_threads
+from app.engine import Engine, NativeModel, faults, set_num_threads
+from app.grammar import GrammarCompiler
 from app.models.registry import default_model_dir
 from app.settings import Settings
 from app.text.chat_template import ChatTemplate
+from app.text.chatml import CHATML_TEMPLATE, IM_END
+from app.text.reasoning import OPEN_TAG, template_reasons
 from app.text.tokenizer import Tokenizer
 
 log = logging.getLogger("etserve")
@@ -24,6 +27,10 @@ class ServedModel:
     tokenizer: Tokenizer
     template: ChatTemplate | None
     stop_token_ids: frozenset[int]
+    grammars: GrammarCompiler  # constrained decoding over this model's tokenizer
+    max_tokens_cap: int = 0  # most tokens one choice may generate (0: the context is the limit)
+    no_think: bool = False  # templates render with enable_thinking=False unless a request says otherwise
+    reasoning: bool = False  # split <think>…</think> out of chat output (the template or vocabulary knows it)
 
     @property
     def context_length(self) -> int:
@@ -41,24 +48,70 @@ def resolve_model_dir(settings: Settings) -> tuple[Path, Path]:
     return directory, directory / "model.pte"
 
 
+def resolve_tokenizer_files(settings: Settings, directory: Path) -> tuple[Path, Path | None]:
+    """(tokenizer.json, tokenizer_config.json or None) from --tokenizer-path / --hf-tokenizer,
+    else the files in the model directory."""
+    hf = Path(settings.hf_tokenizer).expanduser() if settings.hf_tokenizer else None
+    if hf is not None:
+        if not hf.is_dir():
+            raise FileNotFoundError(f"--hf-tokenizer {hf} is not a directory (it must hold tokenizer_config.json)")
+        if not (hf / "tokenizer_config.json").is_file():
+            raise FileNotFoundError(f"--hf-tokenizer {hf} has no tokenizer_config.json")
+    if settings.tokenizer_path:
+        path = Path(settings.tokenizer_path).expanduser()
+        tokenizer_json = path / "tokenizer.json" if path.is_dir() else path
+        if not tokenizer_json.is_file():
+            raise FileNotFoundError(f"--tokenizer-path: no tokenizer.json at {tokenizer_json}")
+    elif hf is not None:
+        tokenizer_json = hf / "tokenizer.json"
+        if not tokenizer_json.is_file():
+            raise FileNotFoundError(f"--hf-tokenizer {hf} has no tokenizer.json (or name one with --tokenizer-path)")
+    else:
+        tokenizer_json = directory / "tokenizer.json"
+    config = hf / "tokenizer_config.json" if hf is not None else tokenizer_json.parent / "tokenizer_config.json"
+    return tokenizer_json, config if config.is_file() else None
+
+
+def _context_length(settings: Settings, max_seq_len: int) -> int:
+    if settings.max_context < 0:
+        raise ValueError(f"--max-context must be 0 (the whole context) or more, got {settings.max_context}")
+    if settings.max_context > max_seq_len:
+        raise ValueError(f"--max-context {settings.max_context} is larger than the model's context: "
+                         f"the .pte was exported with max_seq_len {max_seq_len}")
+    return settings.max_context or max_seq_len
+
+
 def load_served_model(settings: Settings) -> ServedModel:
     directory, pte = resolve_model_dir(settings)
     if not pte.exists():
         raise FileNotFoundError(
             f"no model at {pte}; build it with `python -m app.models build {settings.model}` or set --model-path"
         )
+    tokenizer_json, tokenizer_config = resolve_tokenizer_files(settings, directory)
     set_num_threads(settings.threads)
-    native = NativeModel(pte)
-    tokenizer = Tokenizer.from_dir(directory)
-    template = ChatTemplate(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token) \
-        if tokenizer.chat_template else None
+    native = faults.from_env(NativeModel(pte))  # unchanged unless a test sets ETSERVE_FAULT_INJECT
+    context_length = _context_length(settings, native.info.max_seq_len)
+    tokenizer = Tokenizer.from_files(tokenizer_json, tokenizer_config)
+    template_source = tokenizer.chat_template
+    if template_source is None and settings.allow_chatml_fallback:
+        template_source = CHATML_TEMPLATE
+        log.warning("the tokenizer has no chat template: chats are rendered as plain ChatML (--allow-chatml-fallback)")
+    template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token) \
+        if template_source else None
     model_id = settings.model_id or _model_name(directory, settings)
     engine = Engine(native, prefill_chunk=settings.prefill_chunk, max_queue=settings.max_queue,
-                    queue_timeout=settings.queue_timeout)
+                    queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib)
+    engine.context_length = context_length  # --max-context: every length check and /v1/models use it
     stop_ids = frozenset(native.info.eos_ids) | tokenizer.eos_token_ids
+    if template_source is CHATML_TEMPLATE and (im_end := tokenizer.token_to_id(IM_END)) is not None:
+        stop_ids |= {im_end}  # the fallback's turns end there, whatever the config calls EOS
+    grammars = GrammarCompiler.from_file(tokenizer_json,
+                                         max(native.info.vocab_size, tokenizer.vocab_size), stop_ids)
     log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", model_id, pte,
              engine.context_length, native.info.vocab_size, sorted(stop_ids))
-    return ServedModel(model_id, directory, engine, tokenizer, template, stop_ids)
+    return ServedModel(model_id, directory, engine, tokenizer, template, stop_ids, grammars,
+                       max_tokens_cap=settings.max_tokens_cap, no_think=settings.no_think,
+                       reasoning=template_reasons(template_source, tokenizer.token_to_id(OPEN_TAG) is not None))
 
 
 def _model_name(directory: Path, settings: Settings) -> str:

@@ -18,6 +18,7 @@ class Setting:
     flag: str
     default: str
     help: str
+    switch: bool = False  # a flag without a value (sets the env var to 1); env: 1/true/yes/on or 0/false/no/off
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -37,10 +38,37 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("queue_timeout", "ETSERVE_QUEUE_TIMEOUT", "--queue-timeout", "300",
             "seconds a request may wait for the model before a 503"),
     Setting("api_key", "ETSERVE_API_KEY", "--api-key", "",
-            "require this key (Authorization: Bearer or X-Api-Key) on every route but /health"),
+            "require this key (Authorization: Bearer or X-Api-Key) on every route but /health and the chat page"),
+    Setting("metrics_auth", "ETSERVE_METRICS_AUTH", "--metrics-auth", "open",
+            "with an API key set, /metrics is 'open' (like /health) or needs the 'key'"),
     Setting("max_body_bytes", "ETSERVE_MAX_BODY_BYTES", "--max-body-bytes", str(4 * 1024 * 1024),
             "largest request body accepted"),
+    Setting("session_cache_mib", "ETSERVE_SESSION_CACHE_MIB", "--session-cache-mib", "512",
+            "memory (MiB) for the saved KV states of recent sessions (session_id); 0: no sessions"),
+    Setting("max_tokens_cap", "ETSERVE_MAX_TOKENS_CAP", "--max-tokens-cap", "0",
+            "most tokens one choice may generate, whatever max_tokens asks (like llama.cpp's -n); "
+            "a capped choice ends with finish_reason length; 0: no cap"),
+    Setting("sse_keepalive", "ETSERVE_SSE_KEEPALIVE", "--sse-keepalive", "10",
+            "seconds of silence after which a stream gets an SSE comment (: keep-alive), e.g. while "
+            "it waits for the model or its prompt is read; 0: never"),
+    Setting("tokenizer_path", "ETSERVE_TOKENIZER_PATH", "--tokenizer-path", "",
+            "a tokenizer.json file, or a directory holding one, instead of the one beside the model; "
+            "its tokenizer_config.json is read from the same directory if there is one"),
+    Setting("hf_tokenizer", "ETSERVE_HF_TOKENIZER", "--hf-tokenizer", "",
+            "a local Hugging Face tokenizer directory (tokenizer_config.json with the chat template, and "
+            "tokenizer.json unless --tokenizer-path names one) instead of the files beside the model"),
+    Setting("max_context", "ETSERVE_MAX_CONTEXT", "--max-context", "0",
+            "context tokens the server uses, at most the .pte's max_seq_len; 0: all of it"),
+    Setting("no_think", "ETSERVE_NO_THINK", "--no-think", "0",
+            "render chat templates with enable_thinking=false unless a request's chat_template_kwargs "
+            "say otherwise", switch=True),
+    Setting("allow_chatml_fallback", "ETSERVE_ALLOW_CHATML_FALLBACK", "--allow-chatml-fallback", "0",
+            "for a tokenizer without a chat template, render chats as plain ChatML instead of "
+            "refusing them", switch=True),
 )
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
 
 
 @dataclass(frozen=True)
@@ -55,7 +83,16 @@ class Settings:
     max_queue: int
     queue_timeout: int
     api_key: str
+    metrics_auth: str
     max_body_bytes: int
+    session_cache_mib: int
+    max_tokens_cap: int
+    sse_keepalive: float
+    tokenizer_path: str
+    hf_tokenizer: str
+    max_context: int
+    no_think: bool
+    allow_chatml_fallback: bool
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -64,11 +101,22 @@ class Settings:
         types = {f.name: f.type for f in fields(cls)}
         out = {}
         for name, value in values.items():
-            if types[name] in (int, "int"):
+            if types[name] in (bool, "bool"):
+                if value.strip().lower() not in _TRUE + _FALSE:
+                    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {value!r}")
+                out[name] = value.strip().lower() in _TRUE
+            elif types[name] in (int, "int"):
                 try:
                     out[name] = int(value)
                 except ValueError:
                     raise ValueError(f"{name} must be an integer, got {value!r}") from None
+            elif types[name] in (float, "float"):
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    raise ValueError(f"{name} must be a number, got {value!r}") from None
+                if not 0 <= out[name] < float("inf"):
+                    raise ValueError(f"{name} must be a finite number, 0 or more, got {value!r}")
             else:
                 out[name] = value
         return cls(**out)

@@ -12,8 +12,10 @@ from typing import Callable
 import falcon
 
 from app.auth import RequireApiKey
+from app.chat_page import ChatPageResource
 from app.engine.offload import run_blocking, spawn
 from app.health import HealthResource, ModelState, RequireModel
+from app.metrics import Metrics, MetricsResource, ObserveRequests, metrics_open, route_finder
 from app.model_host import ServedModel, load_served_model
 from app.openai import errors
 from app.openai.chat.routes import chat_completions_resource
@@ -21,6 +23,7 @@ from app.openai.chat.serving import ChatCompletions
 from app.openai.completions.routes import completions_resource
 from app.openai.completions.serving import Completions
 from app.openai.models.routes import ModelsResource
+from app.openai.sessions import SessionsResource
 from app.openai.tokenize.routes import TokenizerResource
 from app.openai.tokenize.serving import Tokenization
 from app.request_id import RequestId
@@ -29,10 +32,12 @@ from app.settings import Settings
 
 def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) -> None:
     chat_service = ChatCompletions(model)
-    chat = chat_completions_resource(chat_service, settings.max_body_bytes)
-    completions = completions_resource(Completions(model), settings.max_body_bytes)
+    chat = chat_completions_resource(chat_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
+    completions = completions_resource(Completions(model), settings.max_body_bytes,
+                                       sse_keepalive=settings.sse_keepalive)
     tokenizer = TokenizerResource(Tokenization(model, chat_service), settings.max_body_bytes)
     models = ModelsResource(model, int(time.time()))
+    sessions = SessionsResource(model)
     for prefix in ("/v1", ""):
         app.add_route(f"{prefix}/chat/completions", chat)
         app.add_route(f"{prefix}/completions", completions)
@@ -40,23 +45,34 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
             app.add_route(f"{prefix}/{name}", tokenizer, suffix=name.replace("-", "_"))
         app.add_route(f"{prefix}/models", models)
         app.add_route(f"{prefix}/models/{{model_id}}", models, suffix="one")
+        app.add_route(f"{prefix}/sessions", sessions)
+        app.add_route(f"{prefix}/sessions/{{session_id}}", sessions, suffix="one")
 
 
 def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.App:
     """The app answers at once; /health says "loading" until `loader` (run in the
     background, off the event loop) has produced the model and its routes exist."""
     state = ModelState()
-    middleware = [RequestId()]
-    if settings.api_key:
-        middleware.append(RequireApiKey(settings.api_key))
-    middleware.append(RequireModel(state))
-    app = falcon.App(middleware=middleware)
+    router = falcon.routing.DefaultRouter()
+    metrics = Metrics(lambda: state.model.engine if state.model else None)
+    middleware = [ObserveRequests(metrics, route_finder(router)), RequestId()]
+    open_metrics = metrics_open(settings.metrics_auth)  # refuses a value it does not know
+    if settings.api_key:  # the chat page holds no data; its API calls need the key
+        middleware.append(RequireApiKey(settings.api_key, frozenset({"/", "/metrics"} if open_metrics else {"/"})))
+    middleware.append(RequireModel(state, open_paths=frozenset({"/", "/metrics"})))
+    app = falcon.App(middleware=middleware, router=router)
     app.req_options.strip_url_path_trailing_slash = True
     errors.install(app)
     app.add_route("/health", HealthResource(state))
+    app.add_route("/metrics", MetricsResource(metrics))
+    app.add_route("/", ChatPageResource(api_key_required=bool(settings.api_key)))
+
+    def ready(model: ServedModel) -> None:
+        add_model_routes(app, model, settings)
+        model.engine.observers.append(metrics.observe_generation)
 
     def load() -> None:
-        state.load(lambda: run_blocking(loader), lambda model: add_model_routes(app, model, settings))
+        state.load(lambda: run_blocking(loader), ready)
 
     spawn(load)
     return app

@@ -32,7 +32,7 @@ HEADER = """\
 
 def entry(env: str, default: str, help: str, flag: str | None = None) -> str:
     about = f"{help} ({flag})" if flag else help
-    lines = [f"# {line}" for line in textwrap.wrap(about, 94)]
+    lines = [f"# {line}" for line in textwrap.wrap(about, 94, break_on_hyphens=False)]
     lines.append(f"#{env}={default}")
     return "\n".join(lines)
 

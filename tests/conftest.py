@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
 
-ROOT = Path(__file__).resolve().parents[1]
+from e2e.servers import Server  # tests/ is on sys.path (pytest inserts a rootdir conftest's folder)
 
 
 def _test_model_dir() -> Path:
@@ -30,69 +25,6 @@ def model_dir() -> Path:
     if not (path / "model.pte").exists():
         pytest.fail(f"test model missing at {path}: run `make test` (it builds it)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A real gunicorn process serving the app on a free loopback port."""
-
-    def __init__(self, model_path: Path, extra_env: dict[str, str] | None = None):
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ)
-        env.update({
-            "ETSERVE_MODEL_PATH": str(model_path),
-            "ETSERVE_PORT": str(self.port),
-            "ETSERVE_HOST": "127.0.0.1",
-            "ETSERVE_THREADS": "2",
-        })
-        env.update(extra_env or {})
-        self.log_path = ROOT / "test-artifacts" / f"server-{self.port}.log"
-        self.log_path.parent.mkdir(exist_ok=True)
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-    def wait_ready(self, timeout: float = 120, status: str = "ok") -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path.read_text()[-4000:]}")
-            try:
-                if requests.get(self.base_url + "/health", timeout=1).json().get("status") == status:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not ready in {timeout}s; log: {self.log_path.read_text()[-4000:]}")
-
-    def health(self) -> dict:
-        return requests.get(self.base_url + "/health", timeout=5).json()
-
-    def wait_idle(self, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            h = self.health()
-            if not h["engine"]["generating"]:
-                return h
-            time.sleep(0.02)
-        raise AssertionError("engine still generating")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +48,34 @@ def server(model_dir):
     srv = Server(model_dir)
     try:
         srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _qwen_dir() -> Path:
+    explicit = os.environ.get("ETSERVE_TEST_QWEN_DIR")
+    if explicit:
+        return Path(explicit)
+    from app.models.registry import default_model_dir
+
+    return default_model_dir("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> Path:
+    """The default served model (Qwen2.5-Coder-0.5B, 8da4w): the one with a tool-calling template."""
+    path = _qwen_dir()
+    if not (path / "model.pte").exists():
+        pytest.fail(f"Qwen model missing at {path}: run `make test` (it builds it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_server(qwen_dir):
+    srv = Server(qwen_dir)
+    try:
+        srv.wait_ready(timeout=300)
         yield srv
     finally:
         srv.stop()

@@ -14,6 +14,7 @@ class CancelToken:
         self._cancelled = False
         self._probe = probe
         self.reason: str | None = None
+        self.generations: list = []  # GenerationStats of each generation run under it (the request log)
 
     def close(self) -> None:
         """Release what the probe holds (a duplicated socket descriptor)."""

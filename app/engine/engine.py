@@ -2,19 +2,23 @@
 
 Generation is serialized: a request holds the lock from its first prefill chunk
 to its last decode step. The KV cache keeps what the previous request left in
-it, so a prompt that starts with the same tokens prefills only the rest.
+it, so a prompt that starts with the same tokens prefills only the rest. With
+sessions (sessions.py), the states of other recent conversations are saved
+aside and copied back when their next request comes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 from .cancel import CancelToken
 from .native import NativeError, NativeModel
 from .offload import run_blocking
+from .sessions import KvSessions
 from .sampling import SamplingParams
 
 
@@ -44,6 +48,17 @@ class ContextLengthError(ValueError):
         self.context_length = context_length
 
 
+class TokenConstraint(Protocol):
+    """One generation's grammar state (app.grammar.TokenMatcher is one)."""
+
+    def allowed(self) -> bytes: ...  # next-token bitmask, as ets_sampling.allowed takes it
+    def accept(self, token_id: int) -> None: ...
+
+
+class ConstraintSource(Protocol):
+    def matcher(self) -> TokenConstraint: ...  # a fresh state for each generation
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt: list[int]
@@ -51,6 +66,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_token_ids: frozenset[int] = frozenset()
     top_logprobs: int = 0  # alternatives reported with each token
+    session_id: str | None = None  # the conversation whose saved KV state to continue from
+    constraint: ConstraintSource | None = None  # a grammar the output must follow
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,7 @@ class Engine:
         max_queue: int = 16,
         queue_timeout: float = 300.0,
         offload: Callable = run_blocking,
+        session_cache_mib: float = 512,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
@@ -108,6 +126,10 @@ class Engine:
         self._kv_tokens: list[int] = []  # tokens whose keys/values fill positions 0..n-1
         self.generating = False
         self.requests_started = 0
+        # saved KV states of recent sessions, and which one the live cache holds
+        self.sessions = KvSessions(model, int(session_cache_mib * 2**20), offload, logging.getLogger("etserve"))
+        # called with each finished generation's complete stats (metrics); must not raise
+        self.observers: list[Callable[[GenerationStats], None]] = []
 
     def check_fits(self, prompt_tokens: int) -> None:
         if prompt_tokens >= self.context_length:
@@ -129,7 +151,9 @@ class Engine:
             raise ValueError("the prompt is empty")
         self.check_fits(len(request.prompt))
         stats = GenerationStats(prompt_tokens=len(request.prompt))
-        return Generation(self._run(request, cancel or CancelToken(), stats), stats)
+        cancel = cancel or CancelToken()
+        cancel.generations.append(stats)
+        return Generation(self._run(request, cancel, stats), stats)
 
     @property
     def forward_calls(self) -> int:
@@ -164,10 +188,20 @@ class Engine:
             yield from self._decode(request, cancel, stats)
         except NativeError:
             self._kv_tokens = []  # the cache may hold anything now
+            self.sessions.lost()
             raise
         finally:
             self.generating = False
             self._lock.release()
+            for observe in self.observers:
+                observe(stats)
+
+    def drop_session(self, session_id: str) -> bool:
+        """DELETE a session: its saved state goes; False if the engine never heard of it."""
+        return self.sessions.forget(session_id)
+
+    def session_entries(self) -> list[dict]:
+        return self.sessions.entries(len(self._kv_tokens))
 
     def _reusable_prefix(self, prompt: list[int]) -> int:
         if not self.prefix_reuse:
@@ -181,10 +215,12 @@ class Engine:
     def _decode(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats) -> Iterator[TokenEvent]:
         model, prompt, sampling = self.model, request.prompt, request.sampling
         rng = sampling.initial_rng_state()
+        self._kv_tokens = self.sessions.switch(self._kv_tokens, prompt, request.session_id, self.prefix_reuse)
         pos = self._reusable_prefix(prompt)
         stats.cached_tokens = pos
         self._kv_tokens = self._kv_tokens[:pos]
         history = list(prompt) if sampling.uses_history else []
+        constraint = request.constraint.matcher() if request.constraint is not None else None
 
         t0 = time.perf_counter()
         while pos < len(prompt):
@@ -194,7 +230,7 @@ class Engine:
             chunk = prompt[pos : pos + self.prefill_chunk]
             last = pos + len(chunk) == len(prompt)
             if last:
-                event, rng = self._offload(self._step, chunk, pos, request, rng, history)
+                event, rng = self._offload(self._step, chunk, pos, request, rng, history, constraint)
             else:
                 self._offload(model.forward, chunk, pos)
             self._kv_tokens.extend(chunk)
@@ -219,16 +255,19 @@ class Engine:
                     return
                 if sampling.uses_history:
                     history.append(token)
-                event, rng = self._offload(self._step, [token], pos, request, rng, history)
+                event, rng = self._offload(self._step, [token], pos, request, rng, history, constraint)
                 self._kv_tokens.append(token)
                 pos += 1
         finally:
             stats.decode_ms = (time.perf_counter() - t1) * 1000
 
     def _step(self, tokens: list[int], pos: int, request: GenerationRequest, rng: int,
-              history: list[int]) -> tuple[TokenEvent, int]:
-        """One forward call and one sample, run off the event loop."""
+              history: list[int], constraint: TokenConstraint | None) -> tuple[TokenEvent, int]:
+        """One forward call and one sample (within the grammar, if any), run off the event loop."""
         self.model.forward(tokens, pos)
-        token, logprob, rng = self.model.sample(request.sampling, rng, history)
+        allowed = constraint.allowed() if constraint is not None else None
+        token, logprob, rng = self.model.sample(request.sampling, rng, history, allowed)
+        if constraint is not None:
+            constraint.accept(token)
         top = tuple(self.model.top_logprobs(request.top_logprobs)) if request.top_logprobs else ()
         return TokenEvent(token, logprob, top), rng

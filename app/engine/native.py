@@ -52,6 +52,8 @@ class _Sampling(ctypes.Structure):
         ("bias_ids", ctypes.POINTER(ctypes.c_int32)),
         ("bias_values", ctypes.POINTER(ctypes.c_float)),
         ("n_bias", ctypes.c_int32),
+        ("allowed", ctypes.POINTER(ctypes.c_uint32)),
+        ("n_allowed_words", ctypes.c_int32),
     ]
 
 
@@ -66,6 +68,14 @@ class ModelInfo:
     bos_id: int | None
     eos_ids: tuple[int, ...]
     dynamic_shape: bool
+
+
+@dataclass(frozen=True)
+class KvInfo:
+    """The model's KV caches as the native side found them."""
+
+    n_caches: int
+    bytes_per_position: int  # one position in all caches together
 
 
 def _load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
@@ -90,6 +100,9 @@ def _load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
             ctypes.c_int,
             [p_model, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)],
         ),
+        "ets_kv_info": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]),
+        "ets_kv_snapshot": (ctypes.c_int, [p_model, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t]),
+        "ets_kv_restore": (ctypes.c_int, [p_model, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t]),
         "ets_sample": (
             ctypes.c_int,
             [p_model, ctypes.POINTER(_Sampling), ctypes.POINTER(ctypes.c_uint64),
@@ -178,8 +191,12 @@ class NativeModel:
         self._check(self._lib.ets_get_logits(self._handle, ptr, len(out)))
         return out
 
-    def sample(self, params: SamplingParams, rng_state: int, history: Sequence[int] = ()) -> tuple[int, float, int]:
-        """Pick the next token; returns (token id, its model logprob, next rng state)."""
+    def sample(self, params: SamplingParams, rng_state: int, history: Sequence[int] = (),
+               allowed: bytes | None = None) -> tuple[int, float, int]:
+        """Pick the next token; returns (token id, its model logprob, next rng state).
+
+        `allowed` is a token bitmask (bit i of little-endian 32-bit word i // 32 set:
+        token i may be drawn), as a grammar matcher computes it; None allows all."""
         bias_ids = list(params.logit_bias)
         c = _Sampling(
             temperature=params.temperature,
@@ -201,6 +218,10 @@ class NativeModel:
             values = (ctypes.c_float * len(bias_ids))(*(params.logit_bias[i] for i in bias_ids))
             c.bias_ids = ids
             c.bias_values = values
+        if allowed is not None:
+            words = (ctypes.c_uint32 * (len(allowed) // 4)).from_buffer_copy(allowed)
+            c.allowed = words
+            c.n_allowed_words = len(words)
         self._rng.value = rng_state
         self._check(self._lib.ets_sample(self._handle, ctypes.byref(c), ctypes.byref(self._rng),
                                          ctypes.byref(self._token), ctypes.byref(self._logprob)))
@@ -213,6 +234,38 @@ class NativeModel:
         logprobs = (ctypes.c_float * k)()
         self._check(self._lib.ets_top_logprobs(self._handle, k, ids, logprobs))
         return list(zip(ids, logprobs))
+
+    def kv_info(self) -> KvInfo:
+        """The KV caches the first forward call found; NativeError (ETS_ERR_STATE) before
+        that, or when the model's caches cannot be snapshotted."""
+        n, per = ctypes.c_int64(), ctypes.c_int64()
+        self._check(self._lib.ets_kv_info(self._handle, ctypes.byref(n), ctypes.byref(per)))
+        return KvInfo(n.value, per.value)
+
+    def kv_snapshot(self, n_positions: int, into: bytearray | None = None) -> bytearray:
+        """Positions 0..n_positions-1 of every KV cache, as one buffer (`into`, resized,
+        when given: reusing an old snapshot's memory spares faulting in fresh pages)."""
+        size = n_positions * self.kv_info().bytes_per_position
+        if into is None:
+            out = bytearray(size)
+        else:
+            out = into
+            if len(out) > size:
+                del out[size:]
+            elif len(out) < size:
+                out.extend(bytes(size - len(out)))
+        ptr = (ctypes.c_char * size).from_buffer(out) if size else None
+        self._check(self._lib.ets_kv_snapshot(self._handle, n_positions, ptr, size))
+        return out
+
+    def kv_restore(self, n_positions: int, snapshot: bytes | bytearray) -> None:
+        """Writes positions 0..n_positions-1 back from a snapshot of at least that many."""
+        size = len(snapshot)
+        if isinstance(snapshot, bytearray):
+            ptr = (ctypes.c_char * size).from_buffer(snapshot) if size else None
+        else:
+            ptr = snapshot
+        self._check(self._lib.ets_kv_restore(self._handle, n_positions, ptr, size))
 
     @property
     def forward_calls(self) -> int:

@@ -28,7 +28,16 @@ def run_blocking(fn: Callable[..., T], *args) -> T:
     if gevent_active():
         import gevent
 
-        return gevent.get_hub().threadpool.apply(fn, args)
+        def call():  # hand an exception back: raised in the pool, gevent would print it as unhandled
+            try:
+                return True, fn(*args)
+            except Exception as e:
+                return False, e
+
+        ok, value = gevent.get_hub().threadpool.apply(call)
+        if not ok:
+            raise value
+        return value
     return fn(*args)
 
 

@@ -3,6 +3,7 @@ check, fitting a prompt and its max_tokens into the context, and usage."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from app.engine import GenerationRequest, GenerationStats
@@ -42,7 +43,7 @@ def context_error(prompt_tokens: int, requested: int | None, context: int, *, pa
 
 
 def plan_generation(model: ServedModel, tokens: list[int], params: GenerationParams, *, param: str,
-                    default_max_tokens: int | None = None) -> GenerationRequest:
+                    default_max_tokens: int | None = None, session_id: str | None = None) -> GenerationRequest:
     """The engine request for `tokens`, or a 400 when they and the max_tokens asked for don't fit.
 
     Without max_tokens, generation runs for `default_max_tokens` (or until the
@@ -55,8 +56,18 @@ def plan_generation(model: ServedModel, tokens: list[int], params: GenerationPar
     room = context - len(tokens)
     if wanted is None:
         wanted = min(default_max_tokens, room) if default_max_tokens is not None else room
+    if model.max_tokens_cap > 0:  # the operator's limit: generation ends there, finish_reason "length"
+        wanted = min(wanted, model.max_tokens_cap)
     return GenerationRequest(prompt=tokens, max_tokens=wanted, sampling=params.sampling,
-                             stop_token_ids=model.stop_token_ids)
+                             stop_token_ids=model.stop_token_ids, session_id=session_id)
+
+
+def choice_generation(generation: GenerationRequest, index: int) -> GenerationRequest:
+    """Choice `index` of a request's n: the same prompt (the engine reuses its cache after the
+    first choice, so it is prefilled once), its own seed (the request's seed + index)."""
+    if index and generation.sampling.seed is not None:
+        return replace(generation, sampling=replace(generation.sampling, seed=generation.sampling.seed + index))
+    return generation
 
 
 def usage(*stats: GenerationStats, shared_prompt: bool = False) -> dict[str, Any]:

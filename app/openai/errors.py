@@ -48,6 +48,7 @@ def invalid_value(param: str, message: str) -> APIError:
 def to_api_error(ex: Exception) -> APIError:
     """The client-facing form of any exception; internals are logged, never sent."""
     from app.engine import NativeError, QueueFullError, QueueTimeoutError
+    from app.grammar import GrammarError
 
     if isinstance(ex, APIError):
         return ex
@@ -55,6 +56,10 @@ def to_api_error(ex: Exception) -> APIError:
         return APIError(429, str(ex), code="queue_full", headers={"Retry-After": "2"})
     if isinstance(ex, QueueTimeoutError):
         return APIError(503, str(ex), code="queue_timeout", headers={"Retry-After": "5"})
+    if isinstance(ex, GrammarError):  # the request's grammar or schema hit a limit mid-generation
+        log.warning("constrained decoding stopped: %s", ex)
+        return APIError(400, f"the output could not be kept within the requested format: {ex}",
+                        code="grammar_failed")
     if isinstance(ex, NativeError):
         log.error("runtime error: %s", ex)
         return APIError(500, "the model runtime failed on this request", code="runtime_error")

@@ -35,7 +35,8 @@ def parse_generation_params(f: Fields) -> GenerationParams:
         min_p=f.number("min_p", 0.0, lo=0.0, hi=1.0),
         presence_penalty=f.number("presence_penalty", 0.0, lo=-2.0, hi=2.0),
         frequency_penalty=f.number("frequency_penalty", 0.0, lo=-2.0, hi=2.0),
-        repetition_penalty=f.number("repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
+        # below 0.01 positive logits divided by the penalty overflow float32 (and 5e-324 rounds to 0)
+        repetition_penalty=f.number("repetition_penalty", 1.0, lo=0.01, hi=10.0),
         logit_bias=_logit_bias(f),
         seed=f.integer("seed", None, lo=-(2**63), hi=2**64 - 1),
     )

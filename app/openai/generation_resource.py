@@ -8,27 +8,50 @@ import falcon
 
 from .body import read_json
 from .cancel import cancel_token_for
+from .sessions import with_header_session
 from .sse import HEADERS, sse_stream
+
+# The WSGI environ key gunicorn's access log line prints (gunicorn.conf.py: %({etserve.generation}e)s)
+LOG_KEY = "etserve.generation"
+
+
+def generation_log(generations) -> str:
+    """Tokens and timings of a request's generations, summed, for its access log line."""
+    if not generations:
+        return "-"
+    finish = ",".join(sorted({g.finish_reason or "error" for g in generations}))
+    total = lambda name: sum(getattr(g, name) for g in generations)  # noqa: E731
+    return (f"prompt={total('prompt_tokens')} cached={total('cached_tokens')} "
+            f"completion={total('completion_tokens')} finish={finish} queued={total('queued_ms'):.0f}ms "
+            f"prefill={total('prompt_ms'):.0f}ms decode={total('decode_ms'):.0f}ms")
 
 
 class GenerationResource:
     """`parse` validates the body; `service` has prepare(request), complete(...) and stream(...)."""
 
-    def __init__(self, parse: Callable[[Any], Any], service, max_body_bytes: int):
+    def __init__(self, parse: Callable[[Any], Any], service, max_body_bytes: int, *, sse_keepalive: float = 0.0):
         self.parse = parse
         self.service = service
         self.max_body_bytes = max_body_bytes
+        self.sse_keepalive = sse_keepalive  # seconds of silence before a `: keep-alive` comment; 0: none
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        request = self.parse(read_json(req, self.max_body_bytes))
+        request = with_header_session(self.parse(read_json(req, self.max_body_bytes)), req)
         prepared = self.service.prepare(request)  # every request error is raised here, before output
         cancel = cancel_token_for(req)
+
+        def finished() -> None:  # before gunicorn writes the access line
+            cancel.close()
+            req.env[LOG_KEY] = generation_log(cancel.generations)
+
         if request.stream:
             resp.content_type = "text/event-stream"
             resp.set_headers(HEADERS)
-            resp.stream = sse_stream(self.service.stream(prepared, cancel), on_close=cancel.close)
+            resp.stream = sse_stream(self.service.stream(prepared, cancel), keepalive=self.sse_keepalive,
+                                     on_abandon=lambda: cancel.cancel("client disconnected"),
+                                     on_close=finished)
             return
         try:
             resp.media = self.service.complete(prepared, cancel)
         finally:
-            cancel.close()
+            finished()

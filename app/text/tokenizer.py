@@ -94,9 +94,15 @@ class Tokenizer:
     def from_dir(cls, path: str | Path) -> Tokenizer:
         """Load from a model directory."""
         path = Path(path)
-        config_path = path / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
-        return cls((path / "tokenizer.json").read_text(encoding="utf-8"), config)
+        return cls.from_files(path / "tokenizer.json", path / "tokenizer_config.json")
+
+    @classmethod
+    def from_files(cls, tokenizer_json: str | Path, config_path: str | Path | None = None) -> Tokenizer:
+        """Load a tokenizer.json, with a tokenizer_config.json if it exists."""
+        config_path = Path(config_path) if config_path is not None else None
+        config = json.loads(config_path.read_text(encoding="utf-8")) \
+            if config_path is not None and config_path.exists() else {}
+        return cls(Path(tokenizer_json).read_text(encoding="utf-8"), config)
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         """Token ids of ``text``; special tokens written in the text map to their ids.

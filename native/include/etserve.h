@@ -23,6 +23,7 @@ enum {
   ETS_ERR_OUT_OF_RANGE = 2,
   ETS_ERR_RUNTIME = 3,
   ETS_ERR_STATE = 4,
+  ETS_ERR_UNSUPPORTED = 5, /* the model cannot do this at all (e.g. KV snapshots) */
 };
 
 typedef struct ets_model ets_model;
@@ -42,7 +43,7 @@ typedef struct {
 } ets_model_info;
 
 /* Sampling parameters, applied in this order: logit bias, repetition /
- * presence / frequency penalties over `history`, then greedy (temperature <= 0)
+ * presence / frequency penalties over `history`, the allowed-token mask, then greedy (temperature <= 0)
  * or temperature -> top-k -> min-p -> top-p -> draw. Neutral values:
  * top_k 0, top_p 1, min_p 0, repetition_penalty 1, penalties 0. */
 typedef struct {
@@ -58,6 +59,12 @@ typedef struct {
   const int32_t* bias_ids; /* logit_bias: token ids ... */
   const float* bias_values; /* ... and the value added to each */
   int32_t n_bias;
+  /* Constrained decoding: token i may be drawn only if bit (i % 32) of
+   * allowed[i / 32] is set; ids past n_allowed_words * 32 are excluded. NULL
+   * allows every token. Applied after bias and penalties; if those leave no
+   * allowed token with a finite logit, the allowed tokens' raw logits decide. */
+  const uint32_t* allowed;
+  int32_t n_allowed_words;
 } ets_sampling;
 
 /* Routes the runtime's log: level 0 debug .. 3 error; below `min_level` dropped. */
@@ -67,7 +74,8 @@ ETS_API void ets_set_log_level(int min_level);
 ETS_API int ets_set_num_threads(int num_threads);
 ETS_API int ets_get_num_threads(void);
 
-/* Opens a .pte and loads its forward method; NULL on failure with `err` filled. */
+/* Opens a .pte and loads its forward method; NULL on failure with `err` filled
+ * (operators the program needs but this runtime lacks are named there). */
 ETS_API ets_model* ets_model_open(const char* path, char* err, size_t err_len);
 ETS_API void ets_model_close(ets_model* m);
 ETS_API const char* ets_model_error(const ets_model* m);
@@ -96,6 +104,30 @@ ETS_API int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_state,
  * distribution (before bias, penalties and temperature), most likely first.
  * Writes min(k, vocab_size) entries; returns ETS_OK. */
 ETS_API int ets_top_logprobs(ets_model* m, int32_t k, int32_t* ids_out, float* logprobs_out);
+
+/* KV cache snapshots, for keeping several conversations on one weight load.
+ * The caches are found at run time: every write into them goes through
+ * etserve's llama::update_cache / llama::sdpa_with_kv_cache kernels, which
+ * report the cache tensors ([1, max_seq_len, n_kv_heads, head_dim], any
+ * dtype) during the first successful forward call. Until then these calls
+ * return ETS_ERR_STATE; for a model whose caches those kernels never write
+ * (exported without the LLM custom ops) or write by index (ring buffers),
+ * ETS_ERR_UNSUPPORTED. The reason is in ets_model_error.
+ *
+ * ets_kv_info: the number of caches and the bytes one position takes in all
+ * of them together. */
+ETS_API int ets_kv_info(ets_model* m, int64_t* n_caches, int64_t* bytes_per_position);
+
+/* Copies rows [0, n_positions) of every cache into `out` (at least
+ * n_positions * bytes_per_position bytes), cache after cache. */
+ETS_API int ets_kv_snapshot(ets_model* m, int64_t n_positions, void* out, size_t out_len);
+
+/* Writes rows [0, n_positions) of every cache back from a snapshot of `in_len`
+ * bytes (a snapshot of in_len / bytes_per_position >= n_positions positions:
+ * a prefix of a longer snapshot can be restored). Rows from n_positions on are
+ * left as they are; the next forward call must start at a position <=
+ * n_positions. The last logits are dropped. */
+ETS_API int ets_kv_restore(ets_model* m, int64_t n_positions, const void* in, size_t in_len);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,13 @@
 //   sdpa_with_kv_cache(q, k, v, k_cache, v_cache, start_pos, seq_len, ...):
 //     update_cache for k and v, then attention as above over start_pos+seq_len
 //     keys (all Smax with a mask).
+//
+// The cache-writing kernels also report the cache tensors they are handed to
+// the running forward call's KV recorder (kv_cache.h): that is how the runtime
+// finds a model's caches for session snapshots without names in the .pte.
 #include "llm_ops.h"
+
+#include "kv_cache.h"
 
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
@@ -514,6 +520,7 @@ bool copy_into_cache(KernelRuntimeContext& ctx, const char* op, const Tensor& va
 
 Tensor& update_cache_out(KernelRuntimeContext& ctx, const Tensor& value,
                          const Tensor& cache, int64_t start_pos, Tensor& out) {
+  etserve::kv_observe(cache, "llama::update_cache");
   copy_into_cache(ctx, "llama::update_cache", value, cache, start_pos);
   return out;  // the op's output is a placeholder; nothing reads it
 }
@@ -523,6 +530,7 @@ Tensor& update_cache_with_indices_out(KernelRuntimeContext& ctx, const Tensor& v
                                       const Tensor& indices, Tensor& out) {
   (void)start_pos;
   const char* op = "llama::update_cache_with_indices";
+  etserve::kv_observe_indexed(op);
   ET_KERNEL_CHECK_MSG(ctx, value.dim() == 4 && cache.dim() == 4, InvalidArgument, out,
                       "%s: value and cache must be 4-D", op);
   ET_KERNEL_CHECK_MSG(ctx, value.scalar_type() == cache.scalar_type(), InvalidArgument,
@@ -662,6 +670,8 @@ Tensor& sdpa_with_kv_cache_out(KernelRuntimeContext& ctx, const Tensor& q,
   }
   ET_KERNEL_CHECK_MSG(ctx, k.dim() == 4 && k.size(1) == seq_len, InvalidArgument, out,
                       "%s: key must be [B, seq_len=%lld, H_kv, D]", op, (long long)seq_len);
+  etserve::kv_observe(k_cache, op);
+  etserve::kv_observe(v_cache, op);
   if (!copy_into_cache(ctx, op, k, k_cache, start_pos)) return out;
   if (!copy_into_cache(ctx, op, v, v_cache, start_pos)) return out;
   attention_checked(ctx, op, q, k_cache, v_cache, start_pos, start_pos + seq_len, mask,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "etserve.h"
+#include "kv_cache.h"
 
 #include <executorch/extension/module/module.h>
 
@@ -21,6 +22,7 @@ struct ets_model {
   int64_t forward_calls = 0;
   int64_t forward_tokens = 0;
   std::string error;
+  etserve::KvRecorder kv;  // its KV caches, found by the first forward call
 
   bool read_metadata(std::string* why);
   int forward(const int64_t* tokens, int64_t n, int64_t start_pos);

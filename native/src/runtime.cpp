@@ -54,6 +54,24 @@ bool read_int_method(Module& module, const std::string& name, int64_t* out) {
   return false;
 }
 
+// The operators a failed Method load named: ExecuTorch logs one
+// "Missing operator: [N] namespace::op.overload" line per unregistered kernel.
+std::string missing_operators(const std::string& log) {
+  static const std::string kTag = "Missing operator: [";
+  std::string names;
+  for (size_t at = log.find(kTag); at != std::string::npos; at = log.find(kTag, at + 1)) {
+    size_t start = log.find("] ", at + kTag.size());
+    if (start == std::string::npos) break;
+    start += 2;
+    size_t end = log.find_first_of(" ;\n", start);
+    std::string name = log.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (name.empty() || (", " + names + ", ").find(", " + name + ", ") != std::string::npos) continue;
+    if (!names.empty()) names += ", ";
+    names += name;
+  }
+  return names;
+}
+
 std::string error_text(Error e) {
   return "ExecuTorch error 0x" + [&] {
     char buf[8];
@@ -98,7 +116,12 @@ ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
   std::string captured = etserve::log_capture_end();
   if (e != Error::Ok) {
     std::string msg = std::string("cannot load ") + path + ": ";
-    if (e == Error::OperatorMissing) {
+    std::string missing = missing_operators(captured);
+    if (!missing.empty()) {
+      // Name them and nothing else: the rest of the log says the same at length.
+      msg += "the program needs operators this runtime does not have: " + missing;
+      captured.clear();
+    } else if (e == Error::OperatorMissing) {
       msg += "the program needs operators this runtime does not have";
     } else if (e == Error::AccessFailed) {
       msg += "cannot read the file";
@@ -260,10 +283,12 @@ int ets_model::forward(const int64_t* tokens, int64_t n, int64_t start_pos) {
   auto tokens_t = from_blob(token_buf.data(), {1, static_cast<int32_t>(n)}, ScalarType::Long);
   auto pos_t = from_blob(pos_buf.data(), {static_cast<int32_t>(pos_buf.size())}, ScalarType::Long);
 
+  etserve::KvRecordScope recording(&kv);  // the kernels report the caches they write
   etserve::log_capture_begin();
   auto result = module->forward({EValue(tokens_t), EValue(pos_t)});
   std::string captured = etserve::log_capture_end();
   ++forward_calls;
+  if (result.ok()) recording.succeeded();
   if (!result.ok()) {
     has_logits = false;
     std::string msg = "forward failed: " + error_text(result.error());

@@ -76,7 +76,7 @@ def test_stream_wire_format(server, served_model):
                       json={"messages": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True})
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
-    events = [line for line in r.iter_lines() if line]
+    events = [line for line in r.iter_lines() if line and not line.startswith(b":")]  # ":" lines: SSE comments
     assert events[-1] == b"data: [DONE]"
     for line in events[:-1]:
         assert line.startswith(b"data: ")

@@ -125,7 +125,7 @@ def test_stream_wire_format(server):
     r = requests.post(server.base_url + "/v1/completions", stream=True, timeout=120,
                       json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "stream": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    events = [line for line in r.iter_lines() if line]
+    events = [line for line in r.iter_lines() if line and not line.startswith(b":")]  # ":" lines: SSE comments
     assert events[-1] == b"data: [DONE]"
     for line in events[:-1]:
         assert line.startswith(b"data: ")
@@ -137,9 +137,13 @@ def test_stream_wire_format(server):
 
 @pytest.mark.parametrize("body, status, param", [
     ({"prompt": PROMPT, "suffix": "done"}, 400, "suffix"),
-    ({"prompt": PROMPT, "logprobs": 2}, 400, "logprobs"),
+    ({"prompt": PROMPT, "logprobs": 6}, 400, "logprobs"),
+    ({"prompt": PROMPT, "logprobs": -1}, 400, "logprobs"),
+    ({"prompt": PROMPT, "logprobs": True}, 400, "logprobs"),
+    ({"prompt": PROMPT, "echo": True, "logprobs": 0}, 400, "echo"),
     ({"prompt": PROMPT, "best_of": 3}, 400, "best_of"),
-    ({"prompt": PROMPT, "n": 2}, 400, "n"),
+    ({"prompt": PROMPT, "n": 9}, 400, "n"),
+    ({"prompt": PROMPT, "n": 0}, 400, "n"),
     ({"prompt": [1, 2, 10**9]}, 400, "prompt"),
     ({"prompt": [[1, 2], [-1]]}, 400, "prompt[1]"),
     ({"prompt": [[1, 2], "mixed"]}, 400, "prompt"),

@@ -24,7 +24,7 @@ def ask(server, prompt: str, stream: bool) -> tuple[int, str | None]:
     for line in r.iter_lines():
         if line == b"data: [DONE]":
             done = True
-        elif line:
+        elif line.startswith(b"data: "):  # other lines: SSE comments (keep-alives)
             payload = json.loads(line[6:])
             assert "error" not in payload, payload
             for c in payload["choices"]:

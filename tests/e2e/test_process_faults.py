@@ -26,7 +26,7 @@ def test_sigterm_lets_the_running_stream_finish(make_server):
     def stream():
         body = {**LONG, "max_tokens": 12, "stream": True}
         with requests.post(srv.base_url + "/v1/chat/completions", json=body, stream=True, timeout=300) as r:
-            result["lines"] = [line for line in r.iter_lines() if line]
+            result["lines"] = [line for line in r.iter_lines() if line and not line.startswith(b":")]  # ":" lines: SSE comments
 
     t = threading.Thread(target=stream)
     t.start()

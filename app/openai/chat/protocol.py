@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import APIError, invalid_value
 from ..fields import Fields, parse_stream
 from ..generation_params import GenerationParams, parse_generation_params
+from ..sessions import parse_session_id
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 4096
@@ -16,6 +17,14 @@ MAX_CHOICES = 8
 
 # Fields OpenAI treats as bookkeeping: accepted, and they change nothing.
 METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """response_format json_object (schema None: any JSON object) or json_schema."""
+
+    schema: dict[str, Any] | None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -27,10 +36,14 @@ class ChatCompletionRequest:
     include_usage: bool
     tools: list[dict[str, Any]] | None
     parallel_tool_calls: bool
+    tool_choice: str  # "auto", "none", "required", or "function" (then forced_tool names it)
+    forced_tool: str | None
+    response_format: ResponseFormat | None
     logprobs: bool
     top_logprobs: int
     n: int
     template_kwargs: dict[str, Any]
+    session_id: str | None = None  # body `session_id`, else a session header (app/openai/sessions.py)
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
@@ -43,17 +56,17 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     stream, include_usage = parse_stream(f)
     n = f.integer("n", 1, lo=1, hi=MAX_CHOICES)
     tools = _tools(f.array("tools"))
-    tool_choice = f.raw("tool_choice")
-    if tool_choice not in (None, "auto", "none"):
-        raise invalid_value("tool_choice", "only tool_choice 'auto' and 'none' are supported so far")
+    tool_choice, forced_tool = _tool_choice(f.raw("tool_choice"), tools)
     if tool_choice == "none":
         tools = None  # OpenAI: the model sees no tools
     parallel_tool_calls = f.boolean("parallel_tool_calls", True)
+    response_format = _response_format(f.raw("response_format"))
     logprobs = f.boolean("logprobs", False)
     top_logprobs = f.integer("top_logprobs", 0, lo=0, hi=20)
     if top_logprobs and not logprobs:
         raise invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs': true")
     template_kwargs = f.obj("chat_template_kwargs") or {}
+    session_id = parse_session_id(f.raw("session_id"))
     for name in METADATA_FIELDS:
         f.raw(name)
     _refuse_unknown(f)
@@ -65,10 +78,14 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         include_usage=include_usage,
         tools=tools,
         parallel_tool_calls=parallel_tool_calls,
+        tool_choice=tool_choice,
+        forced_tool=forced_tool,
+        response_format=response_format,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         n=n,
         template_kwargs=template_kwargs,
+        session_id=session_id,
     )
 
 
@@ -155,9 +172,55 @@ def _tools(value: list[Any] | None) -> list[dict[str, Any]] | None:
     return value
 
 
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[str, str | None]:
+    """("auto" | "none" | "required" | "function", the forced function's name or None)."""
+    if value is None:
+        return "auto", None
+    if value in ("auto", "none"):
+        return value, None
+    if value == "required":
+        if not tools:
+            raise invalid_value("tool_choice", "tool_choice 'required' needs at least one tool in 'tools'")
+        return "required", None
+    if isinstance(value, dict):
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if value.get("type") != "function" or not isinstance(name, str):
+            raise invalid_value("tool_choice", "a tool_choice object must be "
+                                "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+        if name not in {t["function"]["name"] for t in tools or ()}:
+            raise invalid_value("tool_choice", f"tool_choice names the function {name!r}, which is not in 'tools'")
+        return "function", name
+    raise invalid_value("tool_choice", "tool_choice must be 'auto', 'none', 'required' or a function object")
+
+
+def _response_format(value: Any) -> ResponseFormat | None:
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat(schema=None)
+    if kind != "json_schema":
+        raise invalid_value("response_format", "response_format.type must be 'text', 'json_object' or 'json_schema'")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise invalid_value("response_format.json_schema", "json_schema response formats need a 'json_schema' object")
+    name, schema, strict = spec.get("name"), spec.get("schema"), spec.get("strict")
+    if name is not None and not isinstance(name, str):
+        raise invalid_value("response_format.json_schema.name", "'name' must be a string")
+    if schema is not None and not isinstance(schema, (dict, bool)):
+        raise invalid_value("response_format.json_schema.schema", "'schema' must be a JSON schema object")
+    if strict is not None and not isinstance(strict, bool):
+        raise invalid_value("response_format.json_schema.strict", "'strict' must be a boolean")
+    # Strict or not, the schema is enforced: constrained decoding costs nothing extra here.
+    return ResponseFormat(schema=schema if isinstance(schema, dict) else None, name=name)
+
+
 # Known OpenAI parameters this server does not implement yet: refused by name
 # rather than silently ignored.
-NOT_SUPPORTED = ("response_format", "audio", "modalities", "prediction",
+NOT_SUPPORTED = ("audio", "modalities", "prediction",
                  "reasoning_effort", "web_search_options", "functions", "function_call")
 
 

@@ -7,5 +7,6 @@ from .protocol import parse_chat_request
 from .serving import ChatCompletions
 
 
-def chat_completions_resource(service: ChatCompletions, max_body_bytes: int) -> GenerationResource:
-    return GenerationResource(parse_chat_request, service, max_body_bytes)
+def chat_completions_resource(service: ChatCompletions, max_body_bytes: int, *,
+                              sse_keepalive: float = 0.0) -> GenerationResource:
+    return GenerationResource(parse_chat_request, service, max_body_bytes, sse_keepalive=sse_keepalive)

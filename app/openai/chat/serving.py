@@ -11,6 +11,7 @@ from typing import Any, Iterator
 from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
 from app.text.chat_template import TemplateError
+from app.text.reasoning import ReasoningSplitter, Split, prompt_opens_reasoning, split_reasoning
 from app.textgen import TextStream
 from app.tools import (
     ContentDelta,
@@ -22,10 +23,11 @@ from app.tools import (
     tools_system_prompt,
 )
 
-from ..common import check_model, plan_generation, timings, usage
+from ..common import check_model, choice_generation, plan_generation, timings, usage
 from ..errors import APIError
 from ..logprobs import logprobs_content
 from ..generation_params import check_token_ids
+from .constraints import output_constraint
 from .protocol import ChatCompletionRequest
 
 
@@ -35,6 +37,9 @@ class PreparedChat:
     generation: GenerationRequest
     id: str
     created: int
+    # None: the output is not split; else split <think>…</think> out of it, starting inside the
+    # reasoning when True (the template's generation prompt opened it)
+    reasoning_started: bool | None = None
 
 
 class ChatCompletions:
@@ -51,9 +56,10 @@ class ChatCompletions:
             messages = [_calls_as_text(m) for m in messages]
             if tools:
                 messages, tools = with_tools_system_prompt(messages, tools), None
+        kwargs = {"enable_thinking": False} if self.model.no_think else {}  # --no-think; the request wins
         try:
             return self.model.template.render(messages, tools=tools, add_generation_prompt=True,
-                                              **request.template_kwargs)
+                                              **(kwargs | request.template_kwargs))
         except TemplateError as e:
             raise APIError(400, str(e), code="invalid_prompt", param="messages") from None
 
@@ -62,18 +68,22 @@ class ChatCompletions:
         check_model(self.model, request.model)
         self.model.engine.check_admission()
         check_token_ids(request.params, self.model.tokenizer.vocab_size)
-        tokens = self.model.tokenizer.encode(self.render_prompt(request))
-        generation = plan_generation(self.model, tokens, request.params, param="messages")
+        prompt = self.render_prompt(request)
+        tokens = self.model.tokenizer.encode(prompt)
+        generation = plan_generation(self.model, tokens, request.params, param="messages",
+                                     session_id=request.session_id)
         if request.top_logprobs:
             generation = replace(generation, top_logprobs=request.top_logprobs)
-        return PreparedChat(request, generation, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+        constraint = output_constraint(request, self.model.grammars)
+        if constraint is not None:
+            generation = replace(generation, constraint=constraint)
+        # A grammar shapes the whole output (no room to think first), so a constrained one is never split.
+        reasoning = prompt_opens_reasoning(prompt) if self.model.reasoning and constraint is None else None
+        return PreparedChat(request, generation, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), reasoning)
 
     def _text_stream(self, prepared: PreparedChat, index: int, cancel: CancelToken) -> TextStream:
         """Choice `index`: its own seed (the request's seed + index), the same prompt (cached after the first)."""
-        generation = prepared.generation
-        if index and generation.sampling.seed is not None:
-            generation = replace(generation, sampling=replace(generation.sampling,
-                                                              seed=generation.sampling.seed + index))
+        generation = choice_generation(prepared.generation, index)
         return TextStream(self.model.engine.generate(generation, cancel), self.model.tokenizer,
                           prepared.request.params.stop)
 
@@ -87,6 +97,11 @@ class ChatCompletions:
         stream = self._text_stream(prepared, index, cancel)
         text = stream.text()
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if prepared.reasoning_started is not None:
+            split = split_reasoning(text, started=prepared.reasoning_started)
+            text = message["content"] = split.content
+            if split.reasoning:
+                message["reasoning_content"] = split.reasoning
         finish = stream.finish_reason
         if request.tools:
             parsed = parse_tool_calls(text, request.tools, parallel=request.parallel_tool_calls)
@@ -153,21 +168,33 @@ class ChatCompletions:
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             nonlocal reported
             logprobs = None
-            if delta.get("content"):
+            if delta.get("content") or delta.get("reasoning_content"):
                 logprobs = self._logprobs(prepared, stream.events[reported:])
                 reported = len(stream.events)
             return self._chunk(prepared, {"index": index, "delta": delta, "logprobs": logprobs,
                                           "finish_reason": finish})
 
         parser = StreamingToolParser(request.tools, parallel=request.parallel_tool_calls) if request.tools else None
+        splitter = None if prepared.reasoning_started is None \
+            else ReasoningSplitter(started=prepared.reasoning_started)
+
+        def deltas(split: Split) -> Iterator[dict[str, Any]]:  # reasoning first; tools parse the content
+            if split.reasoning:
+                yield {"reasoning_content": split.reasoning}
+            if not split.content:
+                return
+            if parser is None:
+                yield {"content": split.content}
+            else:
+                yield from tool_deltas(parser.push(split.content))
+
         yield chunk({"role": "assistant", "content": ""})
         for text in stream:
-            if parser is None:
-                yield chunk({"content": text})
-            else:
-                yield from (chunk(d) for d in tool_deltas(parser.push(text)))
+            yield from (chunk(d) for d in deltas(splitter.push(text) if splitter else Split(content=text)))
         if stream.finish_reason == "cancelled":
             return
+        if splitter is not None:
+            yield from (chunk(d) for d in deltas(splitter.flush()))
         finish = stream.finish_reason
         if parser is not None:
             yield from (chunk(d) for d in tool_deltas(parser.finish()))

@@ -7,9 +7,12 @@ from typing import Any, Union
 
 from ..errors import APIError, invalid_value
 from ..fields import Fields, parse_stream
+from ..chat.protocol import MAX_CHOICES
 from ..generation_params import GenerationParams, parse_generation_params
+from ..sessions import parse_session_id
 
 MAX_PROMPTS = 8
+MAX_LOGPROBS = 5  # OpenAI's limit for this route
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this route
 
 # A prompt is either text or token ids.
@@ -19,11 +22,14 @@ Prompt = Union[str, list[int]]
 @dataclass(frozen=True)
 class CompletionRequest:
     model: str | None
-    prompts: list[Prompt]  # one choice each, in this order
+    prompts: list[Prompt]  # n choices each, in this order
     params: GenerationParams  # max_tokens None: DEFAULT_MAX_TOKENS, cut to the room the prompt leaves
     stream: bool
     include_usage: bool
     echo: bool
+    session_id: str | None = None  # body `session_id`, else a session header (app/openai/sessions.py)
+    n: int = 1  # choices per prompt
+    logprobs: int | None = None  # legacy logprobs: report this many alternatives (0-5) per token
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
@@ -35,20 +41,22 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     params = parse_generation_params(f)
     stream, include_usage = parse_stream(f)
     echo = f.boolean("echo", False)
-    n = f.integer("n", 1, lo=1)
-    if n != 1:
-        raise invalid_value("n", "only n=1 is supported")
+    session_id = parse_session_id(f.raw("session_id"))
+    n = f.integer("n", 1, lo=1, hi=MAX_CHOICES)
     best_of = f.integer("best_of", 1, lo=1)
     if best_of != 1:
         raise invalid_value("best_of", "only best_of=1 is supported")
     if f.raw("suffix") not in (None, ""):
         raise invalid_value("suffix", "'suffix' is not supported by this server")
-    if f.raw("logprobs") is not None:
-        raise invalid_value("logprobs", "'logprobs' is not supported by this server")
+    logprobs = f.integer("logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    if echo and logprobs is not None:
+        # OpenAI then reports the prompt's tokens' logprobs too; our runtime keeps only the last position's logits
+        raise invalid_value("echo", "'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed")
     f.raw("user")
     f.reject_unknown()
     return CompletionRequest(model=model, prompts=prompts, params=params, stream=stream,
-                             include_usage=include_usage, echo=echo)
+                             include_usage=include_usage, echo=echo, session_id=session_id, n=n,
+                             logprobs=logprobs)
 
 
 def _is_token(x: Any) -> bool:

@@ -7,5 +7,6 @@ from .protocol import parse_completion_request
 from .serving import Completions
 
 
-def completions_resource(service: Completions, max_body_bytes: int) -> GenerationResource:
-    return GenerationResource(parse_completion_request, service, max_body_bytes)
+def completions_resource(service: Completions, max_body_bytes: int, *,
+                         sse_keepalive: float = 0.0) -> GenerationResource:
+    return GenerationResource(parse_completion_request, service, max_body_bytes, sse_keepalive=sse_keepalive)
