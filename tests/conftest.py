@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,17 @@ def model_dir() -> Path:
     if not (path / "model.pte").exists():
         pytest.fail(f"test model missing at {path}: run `make test` (it builds it)")
     return path
+
+
+@pytest.fixture
+def broken_model_dir(tmp_path, model_dir) -> Path:
+    """A model directory whose tokenizer is fine and whose model.pte is not an ExecuTorch program."""
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, broken / name)
+    (broken / "model.pte").write_bytes(b"this is not an ExecuTorch program" * 64)
+    return broken
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -214,13 +213,8 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_chats(make_server, browse
     assert state == "done" and reply_text(browser)
 
 
-def test_the_page_is_served_and_says_so_when_the_model_cannot_load(tmp_path, model_dir, make_server, browser):
-    broken = tmp_path / "broken-model"
-    broken.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(model_dir / name, broken / name)
-    (broken / "model.pte").write_bytes(b"not an ExecuTorch program" * 64)
-    srv = make_server({"ETSERVE_MODEL_PATH": str(broken)}, status="failed")
+def test_the_page_is_served_and_says_so_when_the_model_cannot_load(broken_model_dir, make_server, browser):
+    srv = make_server({"ETSERVE_MODEL_PATH": str(broken_model_dir)}, status="failed")
     assert requests.get(srv.base_url + "/", timeout=10).status_code == 200
     open_page(browser, srv)
     assert "failed to load" in browser.find_element(By.ID, "status").text
