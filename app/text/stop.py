@@ -15,6 +15,7 @@ class StopMatcher:
         self._stops: tuple[str, ...] = tuple(sorted({s for s in stops if s}, key=len))
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once stopped
 
     def push(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit now, stopped?)."""
@@ -27,6 +28,7 @@ class StopMatcher:
         pending = self._earliest_partial(buf, len(buf) if match is None else match)
         if match is not None and pending is None:
             self.stopped, self._held = True, ""
+            self.matched = self._stop_at(buf, match)
             return buf[:match], True
         cut = len(buf) if pending is None else pending
         self._held = buf[cut:]
@@ -40,8 +42,13 @@ class StopMatcher:
         match = self._earliest_match(buf)
         if match is not None:
             self.stopped = True
+            self.matched = self._stop_at(buf, match)
             return buf[:match]
         return buf
+
+    def _stop_at(self, buf: str, pos: int) -> str:
+        """The stop string found at `pos` (the shortest, when several start there)."""
+        return next(s for s in self._stops if buf.startswith(s, pos))
 
     def _earliest_match(self, buf: str) -> int | None:
         found = [i for s in self._stops if (i := buf.find(s)) >= 0]

@@ -9,12 +9,13 @@ from typing import Any, Iterator
 
 from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
-from app.textgen import TextStream
+from app.output import ChoicePipeline, OutputOptions
 
 from ..common import check_model, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
 from ..errors import invalid_value
 from ..generation_params import check_token_ids
 from ..logprobs import LegacyLogprobs
+from . import shapes
 from .protocol import DEFAULT_MAX_TOKENS, CompletionRequest, Prompt
 
 
@@ -68,10 +69,10 @@ class Completions:
             for j in range(n):
                 yield p * n + j, p, j
 
-    def _text_stream(self, prepared: PreparedCompletion, prompt: PreparedPrompt, choice: int,
-                     cancel: CancelToken) -> TextStream:
+    def pipeline(self, prepared: PreparedCompletion, prompt: PreparedPrompt, choice: int,
+                 cancel: CancelToken) -> ChoicePipeline:
         generation = self.model.engine.generate(choice_generation(prompt.generation, choice), cancel)
-        return TextStream(generation, self.model.tokenizer, prepared.request.params.stop)
+        return ChoicePipeline(generation, self.model.tokenizer, OutputOptions(stops=prepared.request.params.stop))
 
     def _logprobs(self, prepared: PreparedCompletion) -> LegacyLogprobs | None:
         k = prepared.request.logprobs
@@ -82,25 +83,14 @@ class Completions:
         choices, stats = [], [[] for _ in prepared.prompts]
         for index, p, j in self._choices(prepared):
             prompt = prepared.prompts[p]
-            stream = self._text_stream(prepared, prompt, j, cancel)
-            text = stream.text()
-            stats[p].append(stream.stats)
+            output = self.pipeline(prepared, prompt, j, cancel).run()
+            stats[p].append(output.stats)
             logprobs = self._logprobs(prepared)
-            choices.append({
-                "index": index,
-                "text": prompt.echo + text if prepared.request.echo else text,
-                "logprobs": logprobs.take(stream.events) if logprobs else None,
-                "finish_reason": stream.finish_reason,
-            })
-        return {
-            "id": prepared.id,
-            "object": "text_completion",
-            "created": prepared.created,
-            "model": self.model.id,
-            "choices": choices,
-            "usage": _usage(stats),
-            "timings": timings(*(s for group in stats for s in group)),
-        }
+            choices.append(shapes.choice(index, prompt.echo + output.content if prepared.request.echo
+                                         else output.content,
+                                         logprobs.take(output.events) if logprobs else None, output.finish_reason))
+        return shapes.completion(prepared.id, prepared.created, self.model.id, choices, _usage(stats),
+                                 timings(*(s for group in stats for s in group)))
 
     def stream(self, prepared: PreparedCompletion, cancel: CancelToken) -> Iterator[dict[str, Any]]:
         """Per prompt in order: text chunks (the echo first), a finish chunk; then usage if asked."""
@@ -108,41 +98,31 @@ class Completions:
 
         def chunk(index: int | None, text: str = "", finish: str | None = None,
                   logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-            out = {
-                "id": prepared.id,
-                "object": "text_completion",
-                "created": prepared.created,
-                "model": self.model.id,
-                "choices": [] if index is None else [
-                    {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-                ],
-            }
-            if include_usage:
-                out["usage"] = None
-            return out
+            choice = None if index is None else shapes.choice(index, text, logprobs, finish)
+            return shapes.chunk(prepared.id, prepared.created, self.model.id, choice, include_usage=include_usage)
 
         stats = [[] for _ in prepared.prompts]
         for index, p, j in self._choices(prepared):
             prompt = prepared.prompts[p]
-            stream = self._text_stream(prepared, prompt, j, cancel)
+            pipeline = self.pipeline(prepared, prompt, j, cancel)
             logprobs, reported = self._logprobs(prepared), 0  # events whose logprobs went out already
 
             def new_logprobs() -> dict[str, Any] | None:
                 nonlocal reported
                 if logprobs is None:
                     return None
-                out, reported = logprobs.take(stream.events[reported:]), len(stream.events)
+                out, reported = logprobs.take(pipeline.events[reported:]), len(pipeline.events)
                 return out
 
             if prepared.request.echo and prompt.echo:
                 yield chunk(index, prompt.echo)
-            for text in stream:
-                yield chunk(index, text, logprobs=new_logprobs())
-            if stream.finish_reason == "cancelled":
+            for delta in pipeline:  # no reasoning or tools here: every delta is text
+                yield chunk(index, delta.text, logprobs=new_logprobs())
+            if pipeline.cancelled:
                 return
-            stats[p].append(stream.stats)
+            stats[p].append(pipeline.stats)
             # the finish chunk carries any tokens whose text never went out (held back by a stop string)
-            yield chunk(index, "", stream.finish_reason, logprobs=new_logprobs())
+            yield chunk(index, "", pipeline.finish_reason, logprobs=new_logprobs())
         if include_usage:
             final = chunk(None)
             final["usage"] = _usage(stats)

@@ -1,7 +1,5 @@
-"""From token events to text deltas: incremental detokenizing, then stop strings.
-
-Shared by every completion route; knows nothing of HTTP or OpenAI shapes.
-"""
+"""The pipeline's first stage: token events to text deltas (incremental detokenizing, then
+stop strings). Knows nothing of HTTP or any API's shapes."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from app.text.tokenizer import Tokenizer
 
 
 class TextStream:
-    """Iterate for text deltas; afterwards `finish_reason` and `stats` say how it ended."""
+    """Iterate for text deltas; afterwards `finish_reason`, `stop_sequence` and `stats` say how it ended."""
 
     def __init__(self, generation: Generation, tokenizer: Tokenizer, stops: tuple[str, ...] = ()):
         self.generation = generation
@@ -23,6 +21,11 @@ class TextStream:
         self._stops = StopMatcher(list(stops))
         self.finish_reason: str | None = None
         self.events: list[TokenEvent] = []  # every token generated, in order
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the text (None when it ended otherwise)."""
+        return self._stops.matched
 
     def __iter__(self) -> Iterator[str]:
         try:

@@ -1,0 +1,20 @@
+"""What one choice's output pipeline yields, in order: typed pieces of the answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from app.tools import ContentDelta, ToolArgumentsDelta, ToolCallStart
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Text of the model's reasoning (`<think>…</think>`), never part of the answer."""
+
+    text: str
+
+
+Delta = Union[ReasoningDelta, ContentDelta, ToolCallStart, ToolArgumentsDelta]
+
+__all__ = ["ContentDelta", "Delta", "ReasoningDelta", "ToolArgumentsDelta", "ToolCallStart"]
