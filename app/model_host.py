@@ -29,6 +29,7 @@ class ServedModel:
     stop_token_ids: frozenset[int]
     grammars: GrammarCompiler  # constrained decoding over this model's tokenizer
     max_tokens_cap: int = 0  # most tokens one choice may generate (0: the context is the limit)
+    strict_model_name: bool = False  # a request naming another model gets a 404 (else it is served)
     no_think: bool = False  # templates render with enable_thinking=False unless a request says otherwise
     reasoning: bool = False  # split <think>…</think> out of chat output (the template or vocabulary knows it)
 
@@ -111,6 +112,7 @@ def load_served_model(settings: Settings) -> ServedModel:
              engine.context_length, native.info.vocab_size, sorted(stop_ids))
     return ServedModel(model_id, directory, engine, tokenizer, template, stop_ids, grammars,
                        max_tokens_cap=settings.max_tokens_cap, no_think=settings.no_think,
+                       strict_model_name=settings.strict_model_name,
                        reasoning=template_reasons(template_source, tokenizer.token_to_id(OPEN_TAG) is not None))
 
 

@@ -59,6 +59,10 @@ SETTINGS: tuple[Setting, ...] = (
             "tokenizer.json unless --tokenizer-path names one) instead of the files beside the model"),
     Setting("max_context", "ETSERVE_MAX_CONTEXT", "--max-context", "0",
             "context tokens the server uses, at most the .pte's max_seq_len; 0: all of it"),
+    Setting("strict_model_name", "ETSERVE_STRICT_MODEL_NAME", "--strict-model-name", "0",
+            "refuse (404) a request whose `model` is not the served model's id; by default a single-model "
+            "server answers whatever name a client sends (clients hard-code names) and reports its own id",
+            switch=True),
     Setting("no_think", "ETSERVE_NO_THINK", "--no-think", "0",
             "render chat templates with enable_thinking=false unless a request's chat_template_kwargs "
             "say otherwise", switch=True),
@@ -91,6 +95,7 @@ class Settings:
     tokenizer_path: str
     hf_tokenizer: str
     max_context: int
+    strict_model_name: bool
     no_think: bool
     allow_chatml_fallback: bool
 

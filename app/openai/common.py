@@ -14,7 +14,10 @@ from .generation_params import GenerationParams
 
 
 def check_model(model: ServedModel, name: str | None) -> None:
-    if name is not None and name != model.id:
+    """A single-model server serves whatever `model` a client names (llama.cpp does: clients
+    hard-code names such as `gpt-4o` or ExecuTorch's `executorch`) and reports its own id;
+    --strict-model-name refuses other names."""
+    if name is not None and name != model.id and model.strict_model_name:
         raise APIError(404, f"the model '{name}' does not exist; this server serves '{model.id}'",
                        code="model_not_found", param="model")
 

@@ -9,7 +9,7 @@ import falcon
 from .body import read_json
 from .cancel import cancel_token_for
 from .sessions import with_header_session
-from .sse import HEADERS, sse_stream
+from .sse import HEADERS, Event, openai_error_event, sse_stream
 
 # The WSGI environ key gunicorn's access log line prints (gunicorn.conf.py: %({etserve.generation}e)s)
 LOG_KEY = "etserve.generation"
@@ -27,13 +27,20 @@ def generation_log(generations) -> str:
 
 
 class GenerationResource:
-    """`parse` validates the body; `service` has prepare(request), complete(...) and stream(...)."""
+    """`parse` validates the body; `service` has prepare(request), complete(...) and stream(...).
 
-    def __init__(self, parse: Callable[[Any], Any], service, max_body_bytes: int, *, sse_keepalive: float = 0.0):
+    `error_event` and `done` shape the stream's end for APIs other than OpenAI's chat and
+    completions (an error after the start in the API's own shape; no `data: [DONE]`).
+    """
+
+    def __init__(self, parse: Callable[[Any], Any], service, max_body_bytes: int, *, sse_keepalive: float = 0.0,
+                 error_event: Callable[[Exception], Event] = openai_error_event, done: bool = True):
         self.parse = parse
         self.service = service
         self.max_body_bytes = max_body_bytes
         self.sse_keepalive = sse_keepalive  # seconds of silence before a `: keep-alive` comment; 0: none
+        self.error_event = error_event
+        self.done = done
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = with_header_session(self.parse(read_json(req, self.max_body_bytes)), req)
@@ -49,7 +56,7 @@ class GenerationResource:
             resp.set_headers(HEADERS)
             resp.stream = sse_stream(self.service.stream(prepared, cancel), keepalive=self.sse_keepalive,
                                      on_abandon=lambda: cancel.cancel("client disconnected"),
-                                     on_close=finished)
+                                     on_close=finished, error_event=self.error_event, done=self.done)
             return
         try:
             resp.media = self.service.complete(prepared, cancel)

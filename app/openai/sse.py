@@ -1,9 +1,15 @@
-"""Server-sent events: JSON events, `data: [DONE]`, errors after the headers, keep-alive comments."""
+"""Server-sent events: JSON events (named or not), `data: [DONE]`, errors after the headers, keep-alive comments.
+
+OpenAI's chat and completions streams send bare `data:` lines and end with `data: [DONE]`;
+the Responses and Messages APIs name each event (`event: response.created`) and send no
+[DONE]. A service yields dicts, or `Named` events; `sse_stream` writes either.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Union
 
 from app.engine.offload import gevent_active
 
@@ -14,27 +20,51 @@ KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients and the OpenAI SDK sk
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def event(payload: dict[str, Any]) -> bytes:
+@dataclass(frozen=True)
+class Named:
+    """An event with a name: written as `event: NAME` then its `data:` line."""
+
+    name: str
+    data: dict[str, Any]
+
+
+Event = Union[dict[str, Any], Named]
+
+
+def event(payload: Event) -> bytes:
+    if isinstance(payload, Named):
+        return b"event: " + payload.name.encode() + b"\n" + event(payload.data)
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-def sse_stream(events: Iterator[dict[str, Any]], *, keepalive: float = 0.0,
+def openai_error_event(ex: Exception) -> Event:
+    return to_api_error(ex).to_dict()
+
+
+def sse_stream(events: Iterator[Event], *, keepalive: float = 0.0,
                on_abandon: Callable[[], None] | None = None,
-               on_close: Callable[[], None] | None = None) -> Iterator[bytes]:
-    """The response body for `events`: each as a `data:` line, then `data: [DONE]`.
+               on_close: Callable[[], None] | None = None,
+               error_event: Callable[[Exception], Event] = openai_error_event,
+               done: bool = True) -> Iterator[bytes]:
+    """The response body for `events`: each as a `data:` line (after an `event:` line if it is
+    `Named`), then `data: [DONE]` unless `done` is False.
+
+    An exception once streaming has begun becomes the event `error_event` makes of it (the
+    API's own error shape), and the stream ends.
 
     With `keepalive` (seconds, under gevent) a comment line goes out whenever
     no event came for that long, e.g. while the request waits for the model or
     its prompt is read. `on_abandon` runs when the server closes the body
     early (the client went away); `on_close` once `events` is finished.
     """
-    body = _encoded(events, on_close)
+    body = _encoded(events, on_close, error_event, done)
     if keepalive > 0 and gevent_active():
         return _with_keepalive(body, keepalive, on_abandon)
     return _closing(body, on_abandon)
 
 
-def _encoded(events: Iterator[dict[str, Any]], on_close: Callable[[], None] | None) -> Iterator[bytes]:
+def _encoded(events: Iterator[Event], on_close: Callable[[], None] | None,
+             error_event: Callable[[Exception], Event], done: bool) -> Iterator[bytes]:
     """Encode events; an error once streaming has begun becomes an error event.
 
     Closing this generator (the server does when the client goes away) closes
@@ -44,14 +74,15 @@ def _encoded(events: Iterator[dict[str, Any]], on_close: Callable[[], None] | No
         for payload in events:
             yield event(payload)
     except Exception as e:  # headers are sent: the error becomes an event
-        yield event(to_api_error(e).to_dict())
+        yield event(error_event(e))
     finally:
         close = getattr(events, "close", None)
         if close is not None:
             close()
         if on_close is not None:
             on_close()
-    yield DONE
+    if done:
+        yield DONE
 
 
 def _closing(body: Iterator[bytes], on_abandon: Callable[[], None] | None) -> Iterator[bytes]:

@@ -153,7 +153,6 @@ def test_stream_wire_format(server):
     ({"prompt": PROMPT, "temperature": 3}, 400, "temperature"),
     ({"prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"prompt": PROMPT, "bogus": 1}, 400, "bogus"),
-    ({"prompt": PROMPT, "model": "no-such-model"}, 404, "model"),
 ])
 def test_bad_requests(server, body, status, param):
     r = requests.post(server.base_url + "/v1/completions", json=body, timeout=30)
@@ -172,6 +171,19 @@ def test_prompt_over_the_context_is_refused_before_streaming(server, body):
     assert r.json()["error"]["code"] == "context_length_exceeded"
 
 
-def test_unknown_model_via_sdk(client):
-    with pytest.raises(openai.NotFoundError):
-        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=1)
+def test_any_model_name_is_served_under_the_servers_own_id(client, server):
+    served = requests.get(server.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    for name in ("no-such-model", "executorch", "gpt-4o"):  # names clients hard-code
+        r = client.completions.create(model=name, prompt=PROMPT, max_tokens=1)
+        assert r.model == served != name
+
+
+def test_strict_model_name_refuses_other_names(make_server):
+    strict = make_server({"ETSERVE_STRICT_MODEL_NAME": "1"})
+    served = requests.get(strict.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    for path, body in (("/v1/completions", {"prompt": PROMPT, "max_tokens": 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+                       ("/tokenize", {"content": "a"})):
+        r = requests.post(strict.base_url + path, json={**body, "model": "no-such-model"}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
+        assert requests.post(strict.base_url + path, json={**body, "model": served}, timeout=30).status_code == 200
