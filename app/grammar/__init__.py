@@ -2,7 +2,7 @@
 tokenizer into per-step token masks that the native sampler applies."""
 
 from .compiler import Grammar, GrammarCompiler, GrammarError, TokenMatcher
-from .formats import json_grammar, output_grammar, tool_calls_grammar
+from .formats import json_grammar, json_rule, output_grammar
 
 __all__ = [
     "Grammar",
@@ -11,5 +11,5 @@ __all__ = [
     "TokenMatcher",
     "json_grammar",
     "output_grammar",
-    "tool_calls_grammar",
+    "json_rule",
 ]

@@ -1,9 +1,7 @@
 """What a constrained generation may produce, written as a Lark grammar.
 
-Two shapes, alone or as alternatives: JSON that validates against a schema
-(response_format), and tool calls in the Hermes format that both the Qwen
-template and our injected tools prompt ask for:
-`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+JSON that validates against a schema (response_format), and the way alternatives are
+combined; a tool-call format's own rules live with the format (app.tools.formats.hermes).
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Any
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _json_rule(schema: dict[str, Any]) -> str:
+def json_rule(schema: dict[str, Any]) -> str:
     styled = dict(schema)
     styled["x-guidance"] = {**JSON_STYLE, **(schema.get("x-guidance") or {})}
     return "%json " + json.dumps(styled, ensure_ascii=False)
@@ -25,34 +23,7 @@ def _json_rule(schema: dict[str, Any]) -> str:
 def json_grammar(schema: dict[str, Any] | None) -> dict[str, str]:
     """Rules for one JSON value: any object (`schema` None, OpenAI's json_object) or one
     validating against `schema`."""
-    return {"answer": _json_rule(schema if schema is not None else {"type": "object"})}
-
-
-def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "name": {"const": name},
-            "arguments": parameters if isinstance(parameters, dict) else {"type": "object"},
-        },
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
-
-
-def tool_calls_grammar(tools: list[dict[str, Any]], *, parallel: bool,
-                       open_tag: str = '"<tool_call>"', close_tag: str = '"</tool_call>"') -> dict[str, str]:
-    """Rules for one tool call (several with `parallel`) to one of `tools` (OpenAI tool
-    objects), each call's arguments validating against that tool's parameter schema. The tags
-    are Lark terminals (GrammarCompiler.literal gives the right one for a tokenizer)."""
-    schemas = [_call_schema(t["function"]["name"], t["function"].get("parameters")) for t in tools]
-    call = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    return {
-        # A newline may follow the last call (models like one there), then only end-of-turn.
-        "calls": ('call_block ("\\n" call_block)* "\\n"?' if parallel else 'call_block "\\n"?'),
-        "call_block": f'{open_tag} "\\n" call_json "\\n" {close_tag}',
-        "call_json": _json_rule(call),
-    }
+    return {"answer": json_rule(schema if schema is not None else {"type": "object"})}
 
 
 def output_grammar(*alternatives: dict[str, str]) -> str:

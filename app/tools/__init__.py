@@ -1,19 +1,13 @@
-"""Tool calls: parsing model output (whole or streamed) and prompting models without tool templates."""
+"""Tool calls: parsing model output (whole or streamed) over one format registry (formats/), and
+prompting models whose chat template has no tool support."""
 
-from .parser import (
-    ContentDelta,
-    Delta,
-    ParsedOutput,
-    StreamingToolParser,
-    ToolArgumentsDelta,
-    ToolCall,
-    ToolCallStart,
-    fold,
-    parse_tool_calls,
-)
-from .prompt import template_supports_tools, tools_system_prompt
+from .calls import ContentDelta, Delta, ParsedOutput, ToolArgumentsDelta, ToolCall, ToolCallStart
+from .formats import hermes
+from .parser import StreamingToolParser, fold, parse_tool_calls
+from .prompt import calls_as_text, template_supports_tools, tools_system_prompt, with_tools_system_prompt
 
 __all__ = [
     "ContentDelta", "Delta", "ParsedOutput", "StreamingToolParser", "ToolArgumentsDelta", "ToolCall",
-    "ToolCallStart", "fold", "parse_tool_calls", "template_supports_tools", "tools_system_prompt",
+    "ToolCallStart", "calls_as_text", "fold", "hermes", "parse_tool_calls", "template_supports_tools",
+    "tools_system_prompt", "with_tools_system_prompt",
 ]

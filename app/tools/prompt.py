@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
-from .parser import declared_tools
+from .formats import hermes
 
 _JINJA_TAG = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.S)
 _STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
@@ -22,33 +21,23 @@ def template_supports_tools(template_source: str) -> bool:
     return False
 
 
-def _function(tool: dict) -> dict[str, Any]:
-    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-    out: dict[str, Any] = {"name": fn["name"]}
-    if fn.get("description"):
-        out["description"] = fn["description"]
-    out["parameters"] = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else \
-        {"type": "object", "properties": {}}
-    return out
-
-
 def tools_system_prompt(tools: list[dict]) -> str:
-    """System-message text listing the tools (name, description, JSON schema) and the call format
-    `parse_tool_calls` reads (Hermes / Qwen2.5 wording, which small models follow best)."""
-    names = declared_tools(tools)
-    listing = "\n".join(
-        json.dumps({"type": "function", "function": _function(t)}, ensure_ascii=False)
-        for t in tools if isinstance(t, dict) and (t.get("function") or t).get("name") in names
-    )
-    return (
-        "# Tools\n\n"
-        "You may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n"
-        f"<tools>\n{listing}\n</tools>\n\n"
-        "For each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n"
-        "<tool_call>\n"
-        '{"name": <function-name>, "arguments": <args-json-object>}\n'
-        "</tool_call>\n\n"
-        "If no function is needed, answer the user directly."
-    )
+    """The system text that lists `tools` and teaches the call format the parser reads."""
+    return hermes.system_prompt(tools)
+
+
+def with_tools_system_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For templates that ignore `tools`: describe them in the system message instead."""
+    prompt = tools_system_prompt(tools)
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        first = dict(messages[0], content=messages[0]["content"] + "\n\n" + prompt)
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's tool calls written into its text, in the format the tools prompt asks for."""
+    if not message.get("tool_calls"):
+        return message
+    content = (message.get("content") or "") + hermes.calls_as_text(message["tool_calls"])
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from app.grammar import GrammarCompiler, GrammarError, json_grammar, output_grammar, tool_calls_grammar
+from app.grammar import GrammarCompiler, GrammarError, json_grammar, output_grammar
+from app.tools.formats.hermes import grammar as tool_calls_grammar
 from app.text.tokenizer import Tokenizer
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

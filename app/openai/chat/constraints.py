@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.grammar import Grammar, GrammarCompiler, GrammarError, json_grammar, output_grammar, tool_calls_grammar
+from app.grammar import Grammar, GrammarCompiler, GrammarError, json_grammar, output_grammar
+from app.tools import hermes
 
 from ..errors import invalid_value
 from .protocol import ChatCompletionRequest
@@ -43,8 +44,8 @@ def output_constraint(request: ChatCompletionRequest, compiler: GrammarCompiler)
 
 
 def _calls(compiler: GrammarCompiler, tools: list[dict[str, Any]], *, parallel: bool) -> dict[str, str]:
-    return tool_calls_grammar(tools, parallel=parallel, open_tag=compiler.literal("<tool_call>"),
-                              close_tag=compiler.literal("</tool_call>"))
+    return hermes.grammar(tools, parallel=parallel, open_tag=compiler.literal(hermes.OPEN),
+                          close_tag=compiler.literal(hermes.CLOSE))
 
 
 def _checked(compiler: GrammarCompiler, rules: dict[str, str], param: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ and read the same ChoicePipeline; only their shapes differ."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -16,7 +15,7 @@ from app.model_host import ServedModel
 from app.text.chat_template import TemplateError
 from app.output import ChoicePipeline, ContentDelta, OutputOptions, ReasoningDelta
 from app.text.reasoning import prompt_opens_reasoning
-from app.tools import template_supports_tools, tools_system_prompt
+from app.tools import calls_as_text, template_supports_tools, with_tools_system_prompt
 
 from ..common import check_model, choice_generation, plan_generation, timings, usage
 from ..errors import APIError
@@ -47,7 +46,7 @@ class ChatCompletions:
             raise APIError(400, "this model has no chat template", code="no_chat_template")
         messages, tools = request.messages, request.tools
         if not self._template_takes_tools:
-            messages = [_calls_as_text(m) for m in messages]
+            messages = [calls_as_text(m) for m in messages]
             if tools:
                 messages, tools = with_tools_system_prompt(messages, tools), None
         kwargs = {"enable_thinking": False} if self.model.no_think else {}  # --no-think; the request wins
@@ -133,23 +132,3 @@ class ChatCompletions:
         last["timings"] = timings(pipeline.stats)
         yield last
 
-
-def with_tools_system_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For templates that ignore `tools`: describe them in the system message instead."""
-    prompt = tools_system_prompt(tools)
-    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
-        first = dict(messages[0], content=messages[0]["content"] + "\n\n" + prompt)
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": prompt}, *messages]
-
-
-def _calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
-    """An assistant turn's tool calls written into its text, in the format tools_system_prompt asks for."""
-    if not message.get("tool_calls"):
-        return message
-    calls = "".join(
-        "<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                     ensure_ascii=False) + "\n</tool_call>"
-        for c in message["tool_calls"])
-    content = (message.get("content") or "") + calls
-    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
