@@ -13,6 +13,7 @@ from app.models.registry import default_model_dir
 from app.settings import Settings
 from app.text.chat_template import ChatTemplate
 from app.text.chatml import CHATML_TEMPLATE, IM_END
+from app.text.fim import FimTokens
 from app.text.reasoning import OPEN_TAG, template_reasons
 from app.text.tokenizer import Tokenizer
 
@@ -32,6 +33,7 @@ class ServedModel:
     strict_model_name: bool = False  # a request naming another model gets a 404 (else it is served)
     no_think: bool = False  # templates render with enable_thinking=False unless a request says otherwise
     reasoning: bool = False  # split <think>…</think> out of chat output (the template or vocabulary knows it)
+    fim: FimTokens | None = None  # fill-in-the-middle tokens, if the vocabulary has them
 
     @property
     def context_length(self) -> int:
@@ -113,7 +115,8 @@ def load_served_model(settings: Settings) -> ServedModel:
     return ServedModel(model_id, directory, engine, tokenizer, template, stop_ids, grammars,
                        max_tokens_cap=settings.max_tokens_cap, no_think=settings.no_think,
                        strict_model_name=settings.strict_model_name,
-                       reasoning=template_reasons(template_source, tokenizer.token_to_id(OPEN_TAG) is not None))
+                       reasoning=template_reasons(template_source, tokenizer.token_to_id(OPEN_TAG) is not None),
+                       fim=FimTokens.of(tokenizer))
 
 
 def _model_name(directory: Path, settings: Settings) -> str:

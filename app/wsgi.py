@@ -17,9 +17,12 @@ from app.engine.offload import run_blocking, spawn
 from app.health import HealthResource, ModelState, RequireModel
 from app.metrics import Metrics, MetricsResource, ObserveRequests, metrics_open, route_finder
 from app.model_host import ServedModel, load_served_model
+from app.llamacpp.infill.protocol import parse_infill_request
+from app.llamacpp.infill.serving import Infill
 from app.openai import errors
 from app.openai.chat.routes import chat_completions_resource
 from app.openai.chat.serving import ChatCompletions
+from app.openai.generation_resource import GenerationResource
 from app.openai.completions.routes import completions_resource
 from app.openai.completions.serving import Completions
 from app.openai.models.routes import ModelsResource
@@ -38,6 +41,10 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
     tokenizer = TokenizerResource(Tokenization(model, chat_service), settings.max_body_bytes)
     models = ModelsResource(model, int(time.time()))
     sessions = SessionsResource(model)
+    # llama.cpp's route: its stream has no `data: [DONE]`
+    infill = GenerationResource(parse_infill_request, Infill(model), settings.max_body_bytes,
+                                sse_keepalive=settings.sse_keepalive, done=False)
+    app.add_route("/infill", infill)
     for prefix in ("/v1", ""):
         app.add_route(f"{prefix}/chat/completions", chat)
         app.add_route(f"{prefix}/completions", completions)

@@ -65,6 +65,21 @@ def plan_generation(model: ServedModel, tokens: list[int], params: GenerationPar
                              stop_token_ids=model.stop_token_ids, session_id=session_id)
 
 
+def fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, extra=(), typed: str = "",
+               param: str = "suffix") -> list[int]:
+    """A fill-in-the-middle prompt in the model's own FIM tokens, or a 400 for a model without them."""
+    if model.fim is None:
+        raise APIError(400, f"the model '{model.id}' has no fill-in-the-middle tokens (<|fim_prefix|>, "
+                       "<|fim_suffix|>, <|fim_middle|>): it cannot infill", code="fim_not_supported", param=param)
+    return model.fim.prompt(model.tokenizer, prefix, suffix, extra=extra, typed=typed)
+
+
+def fim_generation(model: ServedModel, generation: GenerationRequest) -> GenerationRequest:
+    """A FIM generation also ends where the model moves on to another file or FIM part."""
+    assert model.fim is not None
+    return replace(generation, stop_token_ids=generation.stop_token_ids | model.fim.end_ids)
+
+
 def choice_generation(generation: GenerationRequest, index: int) -> GenerationRequest:
     """Choice `index` of a request's n: the same prompt (the engine reuses its cache after the
     first choice, so it is prefilled once), its own seed (the request's seed + index)."""

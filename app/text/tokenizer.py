@@ -117,6 +117,15 @@ class Tokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` read as plain text: a special token written in it (``<|im_end|>``)
+        is not parsed into its id. No BOS. For text a user supplies inside a prompt we build."""
+        self._tok.encode_special_tokens = True
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        finally:
+            self._tok.encode_special_tokens = False
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (invalid UTF-8 becomes U+FFFD)."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -30,6 +30,7 @@ class CompletionRequest:
     session_id: str | None = None  # body `session_id`, else a session header (app/openai/sessions.py)
     n: int = 1  # choices per prompt
     logprobs: int | None = None  # legacy logprobs: report this many alternatives (0-5) per token
+    suffix: str | None = None  # fill in the middle: the text after the completion (each prompt is the text before)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
@@ -46,8 +47,9 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     best_of = f.integer("best_of", 1, lo=1)
     if best_of != 1:
         raise invalid_value("best_of", "only best_of=1 is supported")
-    if f.raw("suffix") not in (None, ""):
-        raise invalid_value("suffix", "'suffix' is not supported by this server")
+    suffix = f.string("suffix", None)
+    if suffix is not None and echo:
+        raise invalid_value("echo", "'echo' cannot be combined with 'suffix' (fill in the middle)")
     logprobs = f.integer("logprobs", None, lo=0, hi=MAX_LOGPROBS)
     if echo and logprobs is not None:
         # OpenAI then reports the prompt's tokens' logprobs too; our runtime keeps only the last position's logits
@@ -56,7 +58,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     f.reject_unknown()
     return CompletionRequest(model=model, prompts=prompts, params=params, stream=stream,
                              include_usage=include_usage, echo=echo, session_id=session_id, n=n,
-                             logprobs=logprobs)
+                             logprobs=logprobs, suffix=suffix)
 
 
 def _is_token(x: Any) -> bool:

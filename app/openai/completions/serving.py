@@ -11,7 +11,7 @@ from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
 from app.output import ChoicePipeline, OutputOptions
 
-from ..common import check_model, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
+from ..common import check_model, fim_generation, fim_prompt, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
 from ..errors import invalid_value
 from ..generation_params import check_token_ids
 from ..logprobs import LegacyLogprobs
@@ -44,6 +44,12 @@ class Completions:
         check_token_list(prompt, vocab_limit(self.model), param)
         return list(prompt), tokenizer.decode(prompt)
 
+    def _fim_tokens(self, prompt: Prompt, suffix: str, param: str) -> list[int]:
+        """`prompt` is the text (or tokens) before the gap, `suffix` the text after it."""
+        if not isinstance(prompt, str):
+            check_token_list(prompt, vocab_limit(self.model), param)
+        return fim_prompt(self.model, prompt, suffix)
+
     def prepare(self, request: CompletionRequest) -> PreparedCompletion:
         """Everything that can fail because of the request fails here, before any output."""
         check_model(self.model, request.model)
@@ -52,11 +58,16 @@ class Completions:
         prepared = []
         for i, prompt in enumerate(request.prompts):
             param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
-            tokens, text = self._tokens(prompt, param)
+            if request.suffix is not None:
+                tokens, text = self._fim_tokens(prompt, request.suffix, param), ""
+            else:
+                tokens, text = self._tokens(prompt, param)
             if not tokens:
                 raise invalid_value("prompt", f"'{param}' has no tokens")
             generation = plan_generation(self.model, tokens, request.params, param="prompt",
                                          default_max_tokens=DEFAULT_MAX_TOKENS, session_id=request.session_id)
+            if request.suffix is not None:
+                generation = fim_generation(self.model, generation)
             if request.logprobs:
                 generation = replace(generation, top_logprobs=request.logprobs)
             prepared.append(PreparedPrompt(generation, text))

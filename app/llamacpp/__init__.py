@@ -1,0 +1,1 @@
+"""llama.cpp's own server routes that editor plugins speak (llama.vscode, llama.vim): /infill."""

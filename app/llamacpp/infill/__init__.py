@@ -1,0 +1,1 @@
+"""POST /infill: llama.cpp's fill-in-the-middle route for editor completion plugins."""
