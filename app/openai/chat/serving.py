@@ -128,7 +128,11 @@ class ChatCompletions:
             yield self._chunk(prepared, shapes.stream_choice(index, shapes.delta(d), logprobs))
         if pipeline.cancelled:
             return
-        last = self._chunk(prepared, shapes.stream_choice(index, {}, None, pipeline.finish_reason))
+        # the finish chunk carries the logprobs of tokens whose text never went out (a stop string,
+        # tool-call markup), so the stream reports every token the whole response does
+        rest = self._logprobs(prepared, pipeline.events[reported:])
+        rest = rest if rest and rest["content"] else None
+        last = self._chunk(prepared, shapes.stream_choice(index, {}, rest, pipeline.finish_reason))
         last["timings"] = timings(pipeline.stats)
         yield last
 
