@@ -159,6 +159,11 @@ class Engine:
     def forward_calls(self) -> int:
         return self.model.forward_calls
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's logits: token ids 0..vocab_size-1."""
+        return self.model.info.vocab_size
+
     def _acquire(self, cancel: CancelToken, stats: GenerationStats) -> bool:
         """Wait in line for the lock; False if the client left meanwhile."""
         t0 = time.perf_counter()
@@ -202,6 +207,17 @@ class Engine:
 
     def session_entries(self) -> list[dict]:
         return self.sessions.entries(len(self._kv_tokens))
+
+    def sessions_report(self) -> dict:
+        """What GET /v1/sessions shows: the saved sessions, and whether and why sessions are off."""
+        sessions = self.sessions
+        return {
+            "entries": self.session_entries(),
+            "enabled": sessions.enabled,
+            "disabled_reason": None if sessions.enabled else sessions.off_reason,
+            "max_bytes": sessions.cache.max_bytes,
+            "used_bytes": sessions.cache.used_bytes,
+        }
 
     def _reusable_prefix(self, prompt: list[int]) -> int:
         if not self.prefix_reuse:
