@@ -33,3 +33,22 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.005)
+
+
+def call_with_socket(app, path: str, body: dict, sock) -> tuple[str, bytes]:
+    """POST `body` to the WSGI app as if it came over `sock` (gunicorn puts the client's socket in
+    the environ; the app watches it for a disconnect). Returns (status line, whole body)."""
+    import json
+
+    import falcon.testing
+
+    environ = falcon.testing.create_environ(method="POST", path=path, body=json.dumps(body),
+                                            headers={"Content-Type": "application/json"})
+    environ["gunicorn.socket"] = sock
+    status = []
+    chunks = app(environ, lambda s, h, e=None: status.append(s))
+    try:
+        out = b"".join(chunks)
+    finally:
+        getattr(chunks, "close", lambda: None)()
+    return status[0], out
