@@ -283,7 +283,7 @@ class FakeModel:
 
     template: str | None = TOOLS_TEMPLATE
     settings: dict[str, str] = field(default_factory=dict)  # ETSERVE_* overrides
-    max_seq_len: int = 256
+    max_seq_len: int = 1024
     extra_vocab: int = 16  # the model's logits cover more ids than the tokenizer (as real models' do)
 
     def __post_init__(self):

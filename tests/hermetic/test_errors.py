@@ -35,7 +35,7 @@ def envelope(r, status: int, code: str | None, param: str | None = None) -> dict
     ({"messages": "Hello"}, "messages", None),
     ({"messages": HELLO, "frobnicate": True}, "frobnicate", None),
     ({"messages": HELLO, "max_tokens": 10 ** 6}, "messages", "context_length_exceeded"),
-    ({"messages": [{"role": "user", "content": "x" * 300}]}, "messages", "context_length_exceeded"),
+    ({"messages": [{"role": "user", "content": "x" * 1100}]}, "messages", "context_length_exceeded"),
     ({"messages": HELLO, "logit_bias": {"999999": 1}}, "logit_bias", None),
 ])
 def test_bad_chat_requests_are_400(client, body, param, code):
