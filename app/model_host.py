@@ -39,6 +39,17 @@ class ServedModel:
     def context_length(self) -> int:
         return self.engine.context_length
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model's output covers (its logits), which may differ from the tokenizer's."""
+        return self.engine.vocab_size
+
+    @property
+    def vocab_limit(self) -> int:
+        """Token ids a client may send: inside both the tokenizer's and the model's vocabulary."""
+        limit = self.tokenizer.vocab_size
+        return min(limit, self.vocab_size) if self.vocab_size > 0 else limit
+
 
 def resolve_model_dir(settings: Settings) -> tuple[Path, Path]:
     """(directory with tokenizer files, .pte path) for the configured model."""
@@ -93,6 +104,16 @@ def load_served_model(settings: Settings) -> ServedModel:
     tokenizer_json, tokenizer_config = resolve_tokenizer_files(settings, directory)
     set_num_threads(settings.threads)
     native = faults.from_env(NativeModel(pte))  # unchanged unless a test sets ETSERVE_FAULT_INJECT
+    served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config)
+    log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", served.id, pte,
+             served.context_length, served.vocab_size, sorted(served.stop_token_ids))
+    return served
+
+
+def serve_model(settings: Settings, native: NativeModel, directory: Path, tokenizer_json: Path,
+                tokenizer_config: Path | None) -> ServedModel:
+    """The served model around a loaded runtime (a NativeModel, or a stand-in with its interface,
+    as tests/fakes gives): its engine, tokenizer, template, stop tokens and grammars."""
     context_length = _context_length(settings, native.info.max_seq_len)
     tokenizer = Tokenizer.from_files(tokenizer_json, tokenizer_config)
     template_source = tokenizer.chat_template
@@ -110,8 +131,6 @@ def load_served_model(settings: Settings) -> ServedModel:
         stop_ids |= {im_end}  # the fallback's turns end there, whatever the config calls EOS
     grammars = GrammarCompiler.from_file(tokenizer_json,
                                          max(native.info.vocab_size, tokenizer.vocab_size), stop_ids)
-    log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", model_id, pte,
-             engine.context_length, native.info.vocab_size, sorted(stop_ids))
     return ServedModel(model_id, directory, engine, tokenizer, template, stop_ids, grammars,
                        max_tokens_cap=settings.max_tokens_cap, no_think=settings.no_think,
                        strict_model_name=settings.strict_model_name,

@@ -11,7 +11,7 @@ from .engine import (
     QueueTimeoutError,
     TokenEvent,
 )
-from .native import ModelInfo, NativeError, NativeModel, set_num_threads
+from .native import ModelInfo, NativeError, NativeModel, Status, set_num_threads
 from .sampling import SamplingParams
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "QueueFullError",
     "QueueTimeoutError",
     "SamplingParams",
+    "Status",
     "TokenEvent",
     "set_num_threads",
 ]

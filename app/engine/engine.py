@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
 
@@ -121,8 +122,7 @@ class Engine:
         self.max_queue = max_queue  # requests allowed to wait while one generates
         self.queue_timeout = queue_timeout
         self._offload = offload
-        self._lock = threading.Lock()
-        self.waiting = 0
+        self._line = _FifoLock()  # generation is serialized, waiting requests served in arrival order
         self._kv_tokens: list[int] = []  # tokens whose keys/values fill positions 0..n-1
         self.generating = False
         self.requests_started = 0
@@ -159,24 +159,29 @@ class Engine:
     def forward_calls(self) -> int:
         return self.model.forward_calls
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's logits: token ids 0..vocab_size-1."""
+        return self.model.info.vocab_size
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in line for the engine."""
+        return self._line.waiting
+
     def _acquire(self, cancel: CancelToken, stats: GenerationStats) -> bool:
-        """Wait in line for the lock; False if the client left meanwhile."""
+        """Wait in line for the engine; False if the client left meanwhile."""
         t0 = time.perf_counter()
-        self.waiting += 1
         try:
-            while not self._lock.acquire(timeout=0.25):
-                if cancel.cancelled:
-                    return False
-                waited = time.perf_counter() - t0
-                if waited > self.queue_timeout:
-                    raise QueueTimeoutError(waited)
+            got = self._line.acquire(lambda: cancel.cancelled, self.queue_timeout)
         finally:
-            self.waiting -= 1
             stats.queued_ms = (time.perf_counter() - t0) * 1000
-        if cancel.cancelled:  # gone while we were at the head of the line
-            self._lock.release()
+        if got is None:
+            raise QueueTimeoutError(time.perf_counter() - t0)
+        if got and cancel.cancelled:  # gone while we were at the head of the line
+            self._line.release()
             return False
-        return True
+        return got
 
     def _run(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats) -> Iterator[TokenEvent]:
         if not self._acquire(cancel, stats):
@@ -192,7 +197,7 @@ class Engine:
             raise
         finally:
             self.generating = False
-            self._lock.release()
+            self._line.release()
             for observe in self.observers:
                 observe(stats)
 
@@ -202,6 +207,17 @@ class Engine:
 
     def session_entries(self) -> list[dict]:
         return self.sessions.entries(len(self._kv_tokens))
+
+    def sessions_report(self) -> dict:
+        """What GET /v1/sessions shows: the saved sessions, and whether and why sessions are off."""
+        sessions = self.sessions
+        return {
+            "entries": self.session_entries(),
+            "enabled": sessions.enabled,
+            "disabled_reason": None if sessions.enabled else sessions.off_reason,
+            "max_bytes": sessions.cache.max_bytes,
+            "used_bytes": sessions.cache.used_bytes,
+        }
 
     def _reusable_prefix(self, prompt: list[int]) -> int:
         if not self.prefix_reuse:
@@ -271,3 +287,49 @@ class Engine:
             constraint.accept(token)
         top = tuple(self.model.top_logprobs(request.top_logprobs)) if request.top_logprobs else ()
         return TokenEvent(token, logprob, top), rng
+
+
+class _FifoLock:
+    """A lock whose waiters get it in arrival order: a release hands it to the oldest waiter.
+
+    (threading.Lock promises no order: a request that arrived later could overtake.)
+    Under gevent, threading is monkey-patched and the events are gevent's.
+    """
+
+    _POLL_S = 0.25  # how often a waiter checks whether its client left
+
+    def __init__(self):
+        self._mutex = threading.Lock()  # guards the fields below, held only briefly
+        self._held = False
+        self._line: deque[threading.Event] = deque()  # oldest first
+
+    @property
+    def waiting(self) -> int:
+        return len(self._line)
+
+    def acquire(self, gave_up: Callable[[], bool], timeout: float) -> bool | None:
+        """True once the lock is ours; False if `gave_up()` turned true while waiting;
+        None after `timeout` seconds in line."""
+        with self._mutex:
+            if not self._held and not self._line:
+                self._held = True
+                return True
+            turn = threading.Event()
+            self._line.append(turn)
+        deadline = time.perf_counter() + timeout
+        while not turn.wait(self._POLL_S):
+            left = gave_up()
+            if left or time.perf_counter() > deadline:
+                with self._mutex:
+                    if not turn.is_set():  # still in line: leave it
+                        self._line.remove(turn)
+                        return False if left else None
+                break  # handed over meanwhile: the lock is ours (the caller checks its client again)
+        return True
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._line:
+                self._line.popleft().set()  # ownership passes straight to the oldest waiter
+            else:
+                self._held = False

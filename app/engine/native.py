@@ -6,6 +6,7 @@ import ctypes
 import os
 from array import array
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Sequence
 
@@ -14,12 +15,26 @@ from .sampling import SamplingParams
 _DEFAULT_LIBRARY = Path(__file__).resolve().parents[2] / "native" / "build" / "libetserve.so"
 
 
+class Status(IntEnum):
+    """The runtime's return codes (etserve.h's ETS_OK, ETS_ERR_*)."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    OUT_OF_RANGE = 2
+    RUNTIME = 3
+    STATE = 4  # not yet: e.g. no forward call has found the KV caches
+    UNSUPPORTED = 5  # never, for this model: e.g. KV snapshots
+
+
 class NativeError(RuntimeError):
     """A call into the native runtime failed; the message is the runtime's own."""
 
-    def __init__(self, message: str, code: int = 3):
+    def __init__(self, message: str, code: int = Status.RUNTIME):
         super().__init__(message)
-        self.code = code
+        try:
+            self.code: Status | int = Status(code)
+        except ValueError:  # a code this binding does not know: kept as the number
+            self.code = code
 
 
 class _Info(ctypes.Structure):
@@ -85,6 +100,7 @@ def _load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p_model = ctypes.c_void_p
     sig = {
+        "ets_abi_sizes": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int64), ctypes.c_int]),
         "ets_set_log_level": (None, [ctypes.c_int]),
         "ets_set_num_threads": (ctypes.c_int, [ctypes.c_int]),
         "ets_get_num_threads": (ctypes.c_int, []),
@@ -110,10 +126,34 @@ def _load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
         ),
     }
     for name, (restype, argtypes) in sig.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise NativeError(f"{path} has no {name}: it is older than this binding; rebuild it with "
+                              f"`make -C native`") from None
         fn.restype = restype
         fn.argtypes = argtypes
+    check_abi(lib, path)
     return lib
+
+
+# The ctypes mirror of each struct of etserve.h, in the order ets_abi_sizes reports them.
+ABI_STRUCTS: tuple[tuple[str, type[ctypes.Structure]], ...] = (("ets_model_info", _Info), ("ets_sampling", _Sampling))
+
+
+def check_abi(lib: ctypes.CDLL, path: os.PathLike | str = "the native library") -> None:
+    """Refuse a library whose structs differ in size from this binding's (a stale build, or an
+    etserve.h changed without native.py): ctypes would read and write past them silently."""
+    sizes = (ctypes.c_int64 * len(ABI_STRUCTS))()
+    count = lib.ets_abi_sizes(sizes, len(sizes))
+    wrong = [f"{name}: {sizes[i]} bytes in the library, {ctypes.sizeof(struct)} in app/engine/native.py"
+             for i, (name, struct) in enumerate(ABI_STRUCTS) if i < count and sizes[i] != ctypes.sizeof(struct)]
+    if count != len(ABI_STRUCTS):
+        wrong.append(f"the library reports {count} structs, the binding knows {len(ABI_STRUCTS)}")
+    if wrong:
+        raise NativeError(f"{path} does not match this binding ({'; '.join(wrong)}): rebuild it with "
+                          f"`make -C native`, or update app/engine/native.py to etserve.h",
+                          Status.INVALID_ARGUMENT)
 
 
 _lib: ctypes.CDLL | None = None
@@ -130,7 +170,7 @@ def library() -> ctypes.CDLL:
 def set_num_threads(n: int) -> int:
     """Resize the runtime's shared thread pool (0: one thread per core); returns the new size."""
     lib = library()
-    if lib.ets_set_num_threads(n) != 0:
+    if lib.ets_set_num_threads(n) != Status.OK:
         raise NativeError("cannot resize the runtime thread pool")
     return lib.ets_get_num_threads()
 
@@ -147,7 +187,7 @@ class NativeModel:
         err = ctypes.create_string_buffer(4096)
         handle = self._lib.ets_model_open(os.fsencode(path), err, len(err))
         if not handle:
-            raise NativeError(err.value.decode("utf-8", "replace"), 1)
+            raise NativeError(err.value.decode("utf-8", "replace"), Status.INVALID_ARGUMENT)
         self._handle = handle
         raw = _Info()
         self._check(self._lib.ets_model_get_info(handle, ctypes.byref(raw)))
@@ -165,7 +205,7 @@ class NativeModel:
         self._rng = ctypes.c_uint64()
 
     def _check(self, status: int) -> None:
-        if status != 0:
+        if status != Status.OK:
             message = self._lib.ets_model_error(self._handle) or b"native call failed"
             raise NativeError(message.decode("utf-8", "replace"), status)
 

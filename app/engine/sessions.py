@@ -123,10 +123,6 @@ def common_prefix(a, b, limit: int | None = None) -> int:
     return i
 
 
-ETS_ERR_STATE = 4  # etserve.h: no forward call has found the caches yet
-ETS_ERR_UNSUPPORTED = 5  # etserve.h: this model's caches cannot be snapshotted
-
-
 class KvSessions:
     """Which session the live KV cache belongs to, and moving states in and out of it.
 
@@ -154,12 +150,12 @@ class KvSessions:
         """True once the native side knows the caches; False for good if it never can."""
         if self._usable is not None:
             return self._usable
-        from .native import NativeError
+        from .native import NativeError, Status
 
         try:
             self.model.kv_info()
         except NativeError as e:
-            if e.code == ETS_ERR_STATE:
+            if e.code == Status.STATE:
                 return False  # no forward call has run yet: ask again later
             self._usable = False
             self.off_reason = str(e)

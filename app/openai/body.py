@@ -42,7 +42,12 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
     if length is not None and length > max_bytes:
         raise APIError(413, f"the request body is {length} bytes; the limit is {max_bytes}",
                        code="request_too_large")
-    raw = req.bounded_stream.read(max_bytes + 1)
+    if length is None and req.env.get("wsgi.input_terminated"):
+        # a chunked body: the server (gunicorn) ends the input where the body ends; Falcon's
+        # bounded_stream would read nothing without a Content-Length
+        raw = req.stream.read(max_bytes + 1)
+    else:
+        raw = req.bounded_stream.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise APIError(413, f"the request body is over the limit of {max_bytes} bytes", code="request_too_large")
     if not raw:

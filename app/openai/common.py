@@ -24,9 +24,7 @@ def check_model(model: ServedModel, name: str | None) -> None:
 
 def vocab_limit(model: ServedModel) -> int:
     """Token ids a client may send: inside both the tokenizer's and the model's vocabulary."""
-    limit = model.tokenizer.vocab_size
-    model_vocab = model.engine.model.info.vocab_size
-    return min(limit, model_vocab) if model_vocab > 0 else limit
+    return model.vocab_limit
 
 
 def check_token_list(tokens: list[int], limit: int, param: str) -> None:

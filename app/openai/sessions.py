@@ -55,15 +55,14 @@ class SessionsResource:
         self.model = model
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        engine = self.model.engine
-        sessions = engine.sessions
+        report = self.model.engine.sessions_report()
         resp.media = {
             "object": "list",
-            "data": [{"object": "session", **e} for e in engine.session_entries()],
-            "enabled": sessions.enabled,
-            "disabled_reason": None if sessions.enabled else sessions.off_reason,
-            "max_bytes": sessions.cache.max_bytes,
-            "used_bytes": sessions.cache.used_bytes,
+            "data": [{"object": "session", **e} for e in report["entries"]],
+            "enabled": report["enabled"],
+            "disabled_reason": report["disabled_reason"],
+            "max_bytes": report["max_bytes"],
+            "used_bytes": report["used_bytes"],
         }
 
     def on_delete_one(self, req: falcon.Request, resp: falcon.Response, session_id: str) -> None:

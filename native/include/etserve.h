@@ -67,6 +67,11 @@ typedef struct {
   int32_t n_allowed_words;
 } ets_sampling;
 
+/* The size of each struct above, for bindings to check their layout at load: out[0]
+ * sizeof(ets_model_info), out[1] sizeof(ets_sampling). Writes min(n, count) entries and
+ * returns the count (2). */
+ETS_API int ets_abi_sizes(int64_t* out, int n);
+
 /* Routes the runtime's log: level 0 debug .. 3 error; below `min_level` dropped. */
 ETS_API void ets_set_log_level(int min_level);
 

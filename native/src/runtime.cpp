@@ -84,6 +84,13 @@ std::string error_text(Error e) {
 
 extern "C" {
 
+int ets_abi_sizes(int64_t* out, int n) {
+  const int64_t sizes[] = {sizeof(ets_model_info), sizeof(ets_sampling)};
+  const int count = static_cast<int>(sizeof(sizes) / sizeof(sizes[0]));
+  for (int i = 0; i < n && i < count && out != nullptr; ++i) out[i] = sizes[i];
+  return count;
+}
+
 int ets_set_num_threads(int num_threads) {
   etserve::log_install();
   unsigned n = num_threads > 0 ? static_cast<unsigned>(num_threads)

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import Engine, GenerationRequest, NativeError, NativeModel, SamplingParams
+from app.engine import Engine, GenerationRequest, NativeError, NativeModel, SamplingParams, Status
 from app.engine.sessions import SessionCache, Snapshot, common_prefix
 
 GREEDY = SamplingParams(temperature=0.0)
-ETS_ERR_STATE, ETS_ERR_UNSUPPORTED = 4, 5
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def test_kv_calls_refuse_before_the_first_forward(model_dir):
         for call in (fresh.kv_info, lambda: fresh.kv_snapshot(1), lambda: fresh.kv_restore(0, b"")):
             with pytest.raises(NativeError, match="first forward call") as e:
                 call()
-            assert e.value.code == ETS_ERR_STATE
+            assert e.value.code == Status.STATE
         fresh.forward([1, 2, 3], 0)
         info = fresh.kv_info()
         assert info.n_caches > 0 and info.bytes_per_position > 0
@@ -99,7 +98,7 @@ def test_bad_snapshot_arguments_are_refused(model):
     with pytest.raises(NativeError, match="negative"):
         model.kv_restore(-1, bytearray(per))
     model.forward([1, 2, 3], 0)  # still works
-    assert e.value.code != 0
+    assert e.value.code != Status.OK
 
 
 def test_a_model_exported_without_custom_ops_refuses_snapshots(model_dir):
@@ -111,7 +110,7 @@ def test_a_model_exported_without_custom_ops_refuses_snapshots(model_dir):
         m.forward([1, 2, 3], 0)
         with pytest.raises(NativeError, match="without the LLM custom ops") as e:
             m.kv_info()
-        assert e.value.code == ETS_ERR_UNSUPPORTED
+        assert e.value.code == Status.UNSUPPORTED
         engine = Engine(m)  # sessions switch themselves off; requests still work on prefix reuse
         ids = list(range(100, 140))
         first = [ev.token_id for ev in engine.generate(GenerationRequest(ids, 4, GREEDY, session_id="a"))]

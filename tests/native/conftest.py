@@ -1,6 +1,6 @@
 """Fixtures for the native library tests: build (make -C native) and load
-libetserve.so with ctypes. ETSERVE_LIB=/path/to/lib.so skips the build and
-loads that file instead (for iterating on a scratch build)."""
+libetserve.so with ctypes. ETSERVE_NATIVE_LIB=/path/to/lib.so (the variable the app
+reads too) skips the build and loads that file instead (for iterating on a scratch build)."""
 
 import ctypes
 import os
@@ -15,7 +15,7 @@ DEFAULT_LIB = NATIVE / "build" / "libetserve.so"
 
 
 def _lib_path() -> Path:
-    override = os.environ.get("ETSERVE_LIB")
+    override = os.environ.get("ETSERVE_NATIVE_LIB")
     if override:
         return Path(override)
     proc = subprocess.run(
