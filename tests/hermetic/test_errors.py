@@ -60,7 +60,8 @@ def test_token_prompt_outside_the_vocabulary(fake, client):
 
 
 def test_not_found(client):
-    envelope(client.simulate_post("/v1/chat/completions", json={"messages": HELLO, "model": "gpt-9"}),
+    strict = FakeModel(settings={"ETSERVE_STRICT_MODEL_NAME": "1"}).client()
+    envelope(strict.simulate_post("/v1/chat/completions", json={"messages": HELLO, "model": "gpt-9"}),
              404, "model_not_found", "model")
     envelope(client.simulate_get("/v1/nowhere"), 404, "not_found")
     envelope(client.simulate_delete("/v1/chat/completions"), 405, "method_not_allowed")

@@ -77,8 +77,6 @@ def streamed_logprob_tokens(chunks) -> list[str]:
             for t in c["choices"][0]["logprobs"]["content"]]
 
 
-@pytest.mark.xfail(strict=True, reason="the whole response lists the logprobs of the stop string's tokens, "
-                                       "the stream does not (chat/serving.py runs two pipelines; issue 15 item 1)")
 def test_stop_logprobs_are_the_same_streamed_and_whole(fake, client):
     fake.script.reply("Hello", ["Hi", " there", " E", "N", "D", " more"])
     whole, chunks = both(client, stop=["END"], logprobs=True, top_logprobs=1)
