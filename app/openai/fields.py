@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import invalid_value
+from .errors import APIError, invalid_value
 
 _MISSING = object()
 
@@ -16,6 +16,13 @@ class Fields:
     def __init__(self, body: dict[str, Any]):
         self.body = body
         self.seen: set[str] = set()
+
+    @classmethod
+    def of(cls, body: Any) -> "Fields":
+        """Fields of a request body, which must be a JSON object."""
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object", code="invalid_request")
+        return cls(body)
 
     def raw(self, name: str) -> Any:
         self.seen.add(name)

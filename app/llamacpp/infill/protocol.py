@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.openai.errors import APIError, invalid_value
+from app.openai.errors import invalid_value
 from app.openai.fields import Fields
 from app.openai.generation_params import GenerationParams, parse_generation_params
 from app.openai.sessions import parse_session_id
@@ -42,9 +42,7 @@ class InfillRequest:
 
 
 def parse_infill_request(body: Any) -> InfillRequest:
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_request")
-    body = dict(body)
+    body = dict(Fields.of(body).body)
     n_predict = body.get("n_predict")
     if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict < 0:
         body.pop("n_predict")  # llama.cpp's -1: until the model ends the middle or the context is full

@@ -47,9 +47,7 @@ class ChatCompletionRequest:
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_request")
-    f = Fields(body)
+    f = Fields.of(body)
     model = f.string("model", None)
     messages = _messages(f.raw("messages"))
     params = parse_generation_params(f)

@@ -34,9 +34,7 @@ class CompletionRequest:
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_request")
-    f = Fields(body)
+    f = Fields.of(body)
     model = f.string("model", None)
     prompts = _prompts(f.raw("prompt"))
     params = parse_generation_params(f)

@@ -25,15 +25,9 @@ class DetokenizeRequest:
     tokens: list[int]
 
 
-def _object(body: Any) -> Fields:
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_request")
-    return Fields(body)
-
-
 def parse_tokenize_request(body: Any) -> TokenizeRequest:
     """llama.cpp: {"content", "add_special"=false}; vLLM: {"prompt", "add_special_tokens"=true}."""
-    f = _object(body)
+    f = Fields.of(body)
     model = f.string("model", None)
     content = f.string("content", None)
     prompt = f.string("prompt", None)
@@ -54,7 +48,7 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
 
 
 def parse_detokenize_request(body: Any) -> DetokenizeRequest:
-    f = _object(body)
+    f = Fields.of(body)
     model = f.string("model", None)
     tokens = f.array("tokens")
     if tokens is None:
