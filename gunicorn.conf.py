@@ -4,12 +4,16 @@ Every value can be changed through the ETSERVE_* environment (app/settings.py).
 """
 
 import os
+import sys
 
-_host = os.environ.get("ETSERVE_HOST", "127.0.0.1")
-_port = os.environ.get("ETSERVE_PORT", "8000")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the app package beside this file
+
+from app.settings import Settings  # noqa: E402
+
+_settings = Settings.from_env()  # the one table of settings and defaults; a bad value fails here, at start
 
 wsgi_app = "app.wsgi:create_app()"
-bind = [f"[{_host}]:{_port}" if ":" in _host else f"{_host}:{_port}"]
+bind = [f"[{_settings.host}]:{_settings.port}" if ":" in _settings.host else f"{_settings.host}:{_settings.port}"]
 workers = 1  # the model lives in the worker; generation is serialized by its lock
 worker_class = "gevent"
 worker_connections = 256

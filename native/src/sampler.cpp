@@ -141,29 +141,27 @@ int32_t draw(const ets_sampling& p, const float* x, int64_t vocab, std::vector<i
   return order[n - 1];
 }
 
-}  // namespace
-
-extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_state,
-                          int32_t* token_out, float* logprob_out) {
-  if (m == nullptr || p == nullptr || rng_state == nullptr || token_out == nullptr) {
-    return ETS_ERR_INVALID_ARGUMENT;
-  }
-  if (!m->has_logits) return m->fail(ETS_ERR_STATE, "no forward call has produced logits yet");
-  const int64_t vocab = m->info.vocab_size;
+// One sample from `logits` (vocab floats): the whole of ets_sample but the model handle.
+// On failure returns the status and sets *why.
+int sample_logits(const float* logits, int64_t vocab, const ets_sampling* p, uint64_t* rng_state,
+                  std::vector<float>& x, std::vector<int32_t>& order, int32_t* token_out,
+                  float* logprob_out, const char** why) {
   if (!(p->temperature >= 0.0f) || !(p->top_p >= 0.0f) || !(p->min_p >= 0.0f) ||
       p->top_k < 0 || !(p->repetition_penalty > 0.0f)) {
-    return m->fail(ETS_ERR_INVALID_ARGUMENT, "invalid sampling parameters");
+    *why = "invalid sampling parameters";
+    return ETS_ERR_INVALID_ARGUMENT;
   }
-  std::vector<float>& x = m->scratch;
-  x.assign(m->logits.begin(), m->logits.end());
+  x.assign(logits, logits + vocab);
   if (p->n_bias > 0) {
     if (p->bias_ids == nullptr || p->bias_values == nullptr) {
-      return m->fail(ETS_ERR_INVALID_ARGUMENT, "logit bias arrays are missing");
+      *why = "logit bias arrays are missing";
+      return ETS_ERR_INVALID_ARGUMENT;
     }
     for (int32_t i = 0; i < p->n_bias; ++i) {
       int32_t id = p->bias_ids[i];
       if (id < 0 || id >= vocab) {
-        return m->fail(ETS_ERR_INVALID_ARGUMENT, "logit bias names a token outside the vocabulary");
+        *why = "logit bias names a token outside the vocabulary";
+        return ETS_ERR_INVALID_ARGUMENT;
       }
       // OpenAI semantics: -100 bans the token outright.
       float b = p->bias_values[i];
@@ -173,17 +171,53 @@ extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_sta
   }
   apply_penalties(*p, x.data(), vocab);
   if (p->allowed != nullptr) {
-    if (p->n_allowed_words <= 0) return m->fail(ETS_ERR_INVALID_ARGUMENT, "the token mask is empty");
-    if (!apply_mask(p->allowed, p->n_allowed_words, m->logits.data(), x.data(), vocab)) {
-      return m->fail(ETS_ERR_INVALID_ARGUMENT, "the token mask allows no token of this vocabulary");
+    if (p->n_allowed_words <= 0) {
+      *why = "the token mask is empty";
+      return ETS_ERR_INVALID_ARGUMENT;
+    }
+    if (!apply_mask(p->allowed, p->n_allowed_words, logits, x.data(), vocab)) {
+      *why = "the token mask allows no token of this vocabulary";
+      return ETS_ERR_INVALID_ARGUMENT;
     }
   }
   int32_t token = p->temperature <= 0.0f ? arg_max(x.data(), vocab)
-                                         : draw(*p, x.data(), vocab, m->order, rng_state);
+                                         : draw(*p, x.data(), vocab, order, rng_state);
   *token_out = token;
-  if (logprob_out != nullptr) {
-    const float* raw = m->logits.data();
-    *logprob_out = raw[token] - log_sum_exp(raw, vocab);
+  if (logprob_out != nullptr) *logprob_out = logits[token] - log_sum_exp(logits, vocab);
+  return ETS_OK;
+}
+
+}  // namespace
+
+extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_state,
+                          int32_t* token_out, float* logprob_out) {
+  if (m == nullptr || p == nullptr || rng_state == nullptr || token_out == nullptr) {
+    return ETS_ERR_INVALID_ARGUMENT;
+  }
+  if (!m->has_logits) return m->fail(ETS_ERR_STATE, "no forward call has produced logits yet");
+  const char* why = "";
+  int status = sample_logits(m->logits.data(), m->info.vocab_size, p, rng_state, m->scratch, m->order,
+                             token_out, logprob_out, &why);
+  return status == ETS_OK ? ETS_OK : m->fail(status, why);
+}
+
+// TEST-ONLY: `n` draws of the sampler over caller-given logits (the rng state runs on from one
+// to the next), so tests can check its distribution against a reference without a model
+// (tests/native/test_sampler.py). logprobs_out may be NULL.
+extern "C" ETS_API int etserve_test_sample(const float* logits, int64_t vocab, const ets_sampling* p,
+                                           uint64_t* rng_state, int32_t n, int32_t* tokens_out,
+                                           float* logprobs_out) {
+  if (logits == nullptr || vocab < 1 || p == nullptr || rng_state == nullptr || n < 0 ||
+      tokens_out == nullptr) {
+    return ETS_ERR_INVALID_ARGUMENT;
+  }
+  std::vector<float> scratch;
+  std::vector<int32_t> order;
+  const char* why = "";
+  for (int32_t i = 0; i < n; ++i) {
+    int status = sample_logits(logits, vocab, p, rng_state, scratch, order, tokens_out + i,
+                               logprobs_out != nullptr ? logprobs_out + i : nullptr, &why);
+    if (status != ETS_OK) return status;
   }
   return ETS_OK;
 }

@@ -65,3 +65,21 @@ def test_server_still_answers_after_bad_requests(server, served_model):
     r = client.chat.completions.create(model=served_model.id, max_tokens=4, temperature=0,
                                        messages=[{"role": "user", "content": "Hi"}])
     assert r.choices[0].message.content
+
+
+def test_a_chunked_body_is_read_and_limited(server):
+    """Transfer-Encoding: chunked (no Content-Length): gunicorn de-chunks it; the app reads it
+    (it used to see an empty body) and still refuses one over the limit with its own 413."""
+    import json
+
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).encode()
+    r = requests.post(server.base_url + "/v1/chat/completions", data=iter([body[:10], body[10:]]),
+                      headers={"Content-Type": "application/json"}, timeout=120)
+    assert r.request.headers.get("Transfer-Encoding") == "chunked"
+    assert r.status_code == 200, r.text
+    big = b'{"messages": [{"role": "user", "content": "' + b"x" * (5 * 2**20) + b'"}]}'
+    r = requests.post(server.base_url + "/v1/chat/completions",
+                      data=(big[i:i + 2**20] for i in range(0, len(big), 2**20)),
+                      headers={"Content-Type": "application/json"}, timeout=120)
+    assert_envelope(r, 413)["code"] == "request_too_large"
+    assert requests.get(server.base_url + "/health", timeout=5).json()["status"] == "ok"

@@ -10,11 +10,23 @@ import requests
 
 CLIENTS = 8
 PER_CLIENT = 25
-PROMPTS = [f"Reply with one word: the colour of item number {i}." for i in range(CLIENTS)]
+# Questions whose greedy answers differ, so an answer handed to the wrong client shows
+PROMPTS = [
+    "What is the capital of France?",
+    "What colour is the sky on a clear day?",
+    "How many legs does a spider have?",
+    "Which planet is the largest in our solar system?",
+    "What do bees make?",
+    "What is the opposite of hot?",
+    "Which animal says moo?",
+    "What is frozen water called?",
+]
+MAX_TOKENS = 6  # SmolLM2 greedy answers already differ at 5 tokens
 
 
 def ask(server, prompt: str, stream: bool) -> tuple[int, str | None]:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 3, "temperature": 0, "stream": stream}
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS, "temperature": 0,
+            "stream": stream}
     r = requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=600, stream=stream)
     if r.status_code != 200:
         return r.status_code, None
@@ -35,6 +47,7 @@ def ask(server, prompt: str, stream: bool) -> tuple[int, str | None]:
 
 def test_concurrent_clients_get_their_own_answers(server):
     expected = {p: ask(server, p, False)[1] for p in PROMPTS}
+    assert len(set(expected.values())) == CLIENTS, expected  # each client's answer is its own
     results: list[tuple[int, int, bool, int, str | None]] = []
     lock = threading.Lock()
 

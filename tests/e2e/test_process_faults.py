@@ -70,3 +70,61 @@ def test_a_killed_worker_is_replaced_and_serves_again(make_server):
     r = requests.post(srv.base_url + "/v1/chat/completions", timeout=120,
                       json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+def test_sigterm_with_requests_queued_and_new_connections_arriving(make_server):
+    """Requests queued before the signal run to the end, new connections are refused or served,
+    nothing hangs, and the server exits cleanly."""
+    srv = make_server({})
+    url = srv.base_url + "/v1/chat/completions"
+    results: dict[str, object] = {}
+
+    def call(name: str, body: dict) -> None:
+        try:
+            r = requests.post(url, json=body, timeout=120, stream=body.get("stream", False))
+            if body.get("stream"):
+                lines = [line for line in r.iter_lines() if line and not line.startswith(b":")]
+                results[name] = (r.status_code, lines)
+            else:
+                results[name] = (r.status_code, r.json())
+        except requests.exceptions.ChunkedEncodingError as e:  # cut off mid-body
+            results[name] = ("broken", str(e))
+        except requests.ConnectionError as e:  # refused or reset: a clean error, not a hang
+            results[name] = ("connection", str(e))
+
+    running = threading.Thread(target=call, args=("running", {**LONG, "max_tokens": 24, "stream": True}))
+    running.start()
+    deadline = time.monotonic() + 60
+    while not srv.health()["engine"]["generating"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    queued = []
+    for i in range(3):
+        body = {"messages": [{"role": "user", "content": f"Say hello to number {i}."}], "max_tokens": 6,
+                "temperature": 0}
+        queued.append(threading.Thread(target=call, args=(f"queued{i}", body)))
+        queued[-1].start()
+    while srv.health()["engine"]["waiting"] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    srv.proc.send_signal(signal.SIGTERM)
+    late = []
+    for i in range(4):  # new connections while the worker drains
+        time.sleep(0.1)
+        late.append(threading.Thread(target=call, args=(f"late{i}", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0})))
+        late[-1].start()
+    for t in [running, *queued, *late]:
+        t.join(timeout=150)
+        assert not t.is_alive(), "a request hung through the shutdown"
+    status, lines = results["running"]
+    assert status == 200 and lines[-1] == b"data: [DONE]"
+    for i in range(3):  # admitted before the signal: they all ran to the end
+        status, body = results[f"queued{i}"]
+        assert status == 200, body
+        assert body["choices"][0]["finish_reason"] in ("stop", "length") and body["choices"][0]["message"]["content"]
+    for i in range(4):
+        status, body = results[f"late{i}"]
+        # refused at the socket, or served in full, or a clean JSON error: never a hang or a broken body
+        assert status == "connection" or status == 200 or (isinstance(body, dict) and "error" in body), body
+    assert srv.proc.wait(timeout=60) == 0

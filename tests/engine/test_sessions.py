@@ -101,11 +101,17 @@ def test_bad_snapshot_arguments_are_refused(model):
     assert e.value.code != Status.OK
 
 
-def test_a_model_exported_without_custom_ops_refuses_snapshots(model_dir):
-    portable = Path(str(model_dir).removesuffix("-sdpa")) / "model.pte"
-    if portable == model_dir / "model.pte" or not portable.exists():
-        pytest.skip("no portable-ops export of the test model built beside it")
-    m = NativeModel(portable)
+@pytest.fixture(scope="module")
+def portable_pte(tmp_path_factory) -> Path:
+    """A tiny model whose KV caches are plain buffers (tests/engine/tiny_portable.py)."""
+    pytest.importorskip("torch")
+    from engine.tiny_portable import export
+
+    return export(tmp_path_factory.mktemp("portable") / "tiny.pte")
+
+
+def test_a_model_exported_without_custom_ops_refuses_snapshots(portable_pte):
+    m = NativeModel(portable_pte)
     try:
         m.forward([1, 2, 3], 0)
         with pytest.raises(NativeError, match="without the LLM custom ops") as e:

@@ -52,3 +52,25 @@ def call_with_socket(app, path: str, body: dict, sock) -> tuple[str, bytes]:
     finally:
         getattr(chunks, "close", lambda: None)()
     return status[0], out
+
+
+class engine_busy:
+    """`with engine_busy(fake, client) as running:` one chat request holds the engine (the fake
+    runtime's forward calls wait) for the block; `running.result()` is its response afterwards."""
+
+    def __init__(self, fake, client, body: dict | None = None):
+        self.fake, self.client = fake, client
+        self.body = body or {"messages": [{"role": "user", "content": "busy"}]}
+
+    def __enter__(self) -> Background:
+        self.fake.runtime.hold()
+        try:
+            self.running = Background(lambda: self.client.simulate_post("/v1/chat/completions", json=self.body))
+            wait_for(lambda: self.fake.engine.generating)
+        except BaseException:
+            self.fake.runtime.release()
+            raise
+        return self.running
+
+    def __exit__(self, *exc) -> None:
+        self.fake.runtime.release()
