@@ -55,10 +55,18 @@ def write_manifest(directory: Path, fields: dict[str, Any]) -> dict[str, Any]:
         "files": {f.name: f.stat().st_size for f in files},
         "sha256": {f.name: sha256_file(f) for f in files},
     }
-    tmp = directory / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, directory / MANIFEST)
+    _write(directory, manifest)
     return manifest
+
+
+def _write(directory: Path, manifest: dict[str, Any]) -> None:
+    tmp = directory / f".{MANIFEST}.tmp"
+    tmp.write_text(manifest_text(manifest))
+    os.replace(tmp, directory / MANIFEST)
+
+
+def manifest_text(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=2) + "\n"
 
 
 def read_manifest(directory: Path) -> Optional[dict[str, Any]]:
@@ -150,14 +158,24 @@ def check_program(manifest: dict[str, Any], pte: Path, max_seq_len: int, vocab_s
                                      "the manifest is from another build")
 
 
+def with_checksums(directory: Path) -> Optional[dict[str, Any]]:
+    """check_model_dir(), plus the files' SHA-256 when the manifest was written before checksums
+    were recorded (computed, not written: see add_checksums)."""
+    manifest = check_model_dir(directory)
+    if manifest is None or manifest.get("sha256"):
+        return manifest
+    if sorted(manifest["files"]) != [p.name for p in _payload(directory)]:
+        raise ManifestError(directory / MANIFEST, "does not list exactly the files of its directory")
+    return {**manifest, "sha256": {name: sha256_file(directory / name) for name in sorted(manifest["files"])}}
+
+
 def add_checksums(directory: Path) -> bool:
     """Give a manifest written before checksums were recorded its files' SHA-256, once its sizes
     match (a build is otherwise never rewritten). True if the manifest was updated."""
     manifest = check_model_dir(directory)
     if manifest is None or manifest.get("sha256"):
         return False
-    fields = {k: v for k, v in manifest.items() if k not in ("manifest_version", "files", "sha256")}
-    if sorted(manifest["files"]) != [p.name for p in _payload(directory)]:
-        raise ManifestError(directory / MANIFEST, "does not list exactly the files of its directory")
-    write_manifest(directory, fields)
+    manifest = with_checksums(directory)
+    assert manifest is not None
+    _write(directory, manifest)
     return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import calendar
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -22,7 +23,8 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from .manifest import MANIFEST, ManifestError, add_checksums, check_model_dir, read_manifest, sha256_file
+from .manifest import (MANIFEST, ManifestError, check_model_dir, manifest_text, read_manifest, sha256_file,
+                       with_checksums)
 from .registry import cache_root
 
 
@@ -57,9 +59,11 @@ def pack(directory: Path, dest: Path) -> tuple[Path, str]:
     if read_manifest(directory) is None:
         raise ManifestError(directory / MANIFEST, "is missing or unreadable: only a directory built by "
                                                   "`python -m app.models build` can be packed")
-    add_checksums(directory)  # a build from before the manifest recorded them
-    manifest = check_model_dir(directory)  # never pack a build that does not match its manifest
+    # Never pack a build that does not match its manifest; one from before checksums were recorded
+    # gets them in the archive's copy (the build directory is only read).
+    manifest = with_checksums(directory)
     assert manifest is not None
+    manifest_bytes = manifest_text(manifest).encode()
     top, mtime = _top_name(manifest, directory), _mtime(manifest)
     dest.mkdir(parents=True, exist_ok=True)
     archive = dest / f"{top}.tar"
@@ -74,9 +78,11 @@ def pack(directory: Path, dest: Path) -> tuple[Path, str]:
     try:
         with open(tmp, "wb") as raw:
             out = _HashingWriter(raw)
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:  # type: ignore[call-overload]
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT,  # type: ignore[call-overload]
+                              copybufsize=1 << 22) as tar:
                 tar.addfile(info("", directory_entry=True))
-                for name in [MANIFEST, *sorted(manifest["files"])]:
+                tar.addfile(info(MANIFEST, len(manifest_bytes)), io.BytesIO(manifest_bytes))
+                for name in sorted(manifest["files"]):
                     path = directory / name
                     with open(path, "rb") as f:
                         tar.addfile(info(name, os.fstat(f.fileno()).st_size), f)

@@ -122,6 +122,17 @@ def test_pack_is_deterministic_and_unpacks_checked(built, tmp_path):
         unpack(archive, target)
 
 
+def test_pack_gives_an_old_build_checksums_in_the_archive_only(built, tmp_path):
+    m = read_manifest(built)
+    del m["sha256"]
+    (built / MANIFEST).write_text(json.dumps(m))
+    before = (built / MANIFEST).read_bytes()
+    archive, _ = pack(built, tmp_path / "out")
+    assert (built / MANIFEST).read_bytes() == before  # the build directory is only read
+    target = unpack(archive, tmp_path / "box" / "tiny")
+    assert check_model_dir(target)["sha256"] == write_manifest(built, FIELDS)["sha256"]
+
+
 def test_pack_refuses_a_build_that_does_not_match(built, tmp_path):
     (built / "tokenizer_config.json").write_text("[]")
     with pytest.raises(ManifestError, match="tokenizer_config.json: does not match"):
