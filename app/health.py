@@ -13,6 +13,7 @@ import falcon
 
 from app.engine import NativeError
 from app.model_host import ServedModel
+from app.models.manifest import ManifestError
 from app.openai.errors import APIError
 
 log = logging.getLogger("etserve")
@@ -25,14 +26,16 @@ class ModelState:
         self.status = "loading"
         self.model: ServedModel | None = None
         self.error: str | None = None
+        self.public_error: str | None = None  # what /health may say: file names, never paths
 
     def load(self, loader: Callable[[], ServedModel], on_ready: Callable[[ServedModel], None]) -> None:
         try:
             model = loader()
             on_ready(model)
-        except (NativeError, OSError) as e:  # expected: a bad or missing file; the message says it all
+        except (NativeError, OSError, ManifestError) as e:  # expected: a bad or missing file; the message says it all
             log.error("model failed to load: %s", e)
             self.status, self.error = "failed", str(e)
+            self.public_error = e.public if isinstance(e, ManifestError) else None
             return
         except Exception as e:  # the worker stays up and says why on /health
             log.exception("model failed to load")
@@ -72,6 +75,6 @@ class HealthResource:
                 "forward_calls": engine.forward_calls,
             }
         if state.error:  # the cause (with file paths) is in the server log, not on an open route
-            body["error"] = "the model failed to load; the server log says why"
+            body["error"] = state.public_error or "the model failed to load; the server log says why"
         resp.status = falcon.HTTP_200 if state.status == "ok" else falcon.HTTP_503
         resp.media = body

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine import Engine, NativeModel, faults, set_num_threads
 from app.grammar import GrammarCompiler
+from app.models.manifest import MANIFEST, check_model_dir, check_program
 from app.models.registry import default_model_dir
 from app.settings import Settings
 from app.text.chat_template import ChatTemplate
@@ -101,17 +102,24 @@ def load_served_model(settings: Settings) -> ServedModel:
         raise FileNotFoundError(
             f"no model at {pte}; build it with `python -m app.models build {settings.model}` or set --model-path"
         )
+    manifest = _checked_manifest(directory)
     tokenizer_json, tokenizer_config = resolve_tokenizer_files(settings, directory)
     set_num_threads(settings.threads)
     native = faults.from_env(NativeModel(pte))  # unchanged unless a test sets ETSERVE_FAULT_INJECT
-    served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config)
+    if manifest is not None and pte.name in manifest["files"]:
+        try:
+            check_program(manifest, pte, native.info.max_seq_len, native.info.vocab_size)
+        except ValueError:
+            native.close()
+            raise
+    served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config, manifest)
     log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", served.id, pte,
              served.context_length, served.vocab_size, sorted(served.stop_token_ids))
     return served
 
 
 def serve_model(settings: Settings, native: NativeModel, directory: Path, tokenizer_json: Path,
-                tokenizer_config: Path | None) -> ServedModel:
+                tokenizer_config: Path | None, manifest: dict | None = None) -> ServedModel:
     """The served model around a loaded runtime (a NativeModel, or a stand-in with its interface,
     as tests/fakes gives): its engine, tokenizer, template, stop tokens and grammars."""
     context_length = _context_length(settings, native.info.max_seq_len)
@@ -122,7 +130,7 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
         log.warning("the tokenizer has no chat template: chats are rendered as plain ChatML (--allow-chatml-fallback)")
     template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token) \
         if template_source else None
-    model_id = settings.model_id or _model_name(directory, settings)
+    model_id = settings.model_id or _model_name(directory, manifest, settings)
     engine = Engine(native, prefill_chunk=settings.prefill_chunk, max_queue=settings.max_queue,
                     queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib)
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
@@ -138,11 +146,21 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
                        fim=FimTokens.of(tokenizer))
 
 
-def _model_name(directory: Path, settings: Settings) -> str:
-    meta = directory / "etserve.json"
-    if meta.exists():
-        try:
-            return json.loads(meta.read_text())["name"]
-        except (ValueError, KeyError):
-            pass
+def _checked_manifest(directory: Path) -> dict | None:
+    """The directory's manifest once its files match it (ManifestError names the first that does
+    not, before anything is loaded); None for a directory etserve did not build."""
+    started = time.monotonic()
+    manifest = check_model_dir(directory)
+    if manifest is None:
+        log.info("%s has no %s: its files are served unchecked", directory, MANIFEST)
+    else:
+        log.info("%s matches its %s (%d files, %s in %.1f s)", directory, MANIFEST, len(manifest["files"]),
+                 "sizes and SHA-256" if manifest.get("sha256") else "sizes only: it records no checksums",
+                 time.monotonic() - started)
+    return manifest
+
+
+def _model_name(directory: Path, manifest: dict | None, settings: Settings) -> str:
+    if manifest is not None and isinstance(manifest.get("name"), str):
+        return manifest["name"]
     return settings.model if not settings.model_path else directory.name

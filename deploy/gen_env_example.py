@@ -15,11 +15,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.settings import SETTINGS  # noqa: E402
 
-# Read outside app/settings.py (by gunicorn.conf.py or the model tools), with their defaults.
+# Read outside app/settings.py (by gunicorn's config, the runtime or the model tools), with their defaults.
 EXTRA = (
     ("ETSERVE_LOG_LEVEL", "info", "gunicorn's log level (debug, info, warning, error)"),
     ("ETSERVE_CACHE", "", "where built models live, in models/NAME/VARIANT/ (default ~/.cache/etserve)"),
-    ("ETSERVE_NATIVE_LIB", "", "the native runtime library to load (default: native/ in the checkout)"),
+    ("ETSERVE_NATIVE_LIB", "", "the native runtime library to load (default: the one in the installed package, "
+                               "else native/build in the checkout)"),
 )
 
 HEADER = """\
@@ -41,7 +42,7 @@ def render() -> str:
     parts = [HEADER.rstrip()]
     for s in SETTINGS:
         parts.append(entry(s.env, s.default, s.help, s.flag))
-    parts.append("# --- read by gunicorn.conf.py and the model tools, no flag ---")
+    parts.append("# --- read by gunicorn's config, the runtime and the model tools, no flag ---")
     for env, default, help in EXTRA:
         parts.append(entry(env, default, help))
     return "\n\n".join(parts) + "\n"

@@ -1,8 +1,9 @@
-"""ctypes binding to native/build/libetserve.so: one class per C handle, 1:1 with etserve.h."""
+"""ctypes binding to libetserve.so (native/): one class per C handle, 1:1 with etserve.h."""
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from array import array
 from dataclasses import dataclass
@@ -12,7 +13,13 @@ from typing import Sequence
 
 from .sampling import SamplingParams
 
-_DEFAULT_LIBRARY = Path(__file__).resolve().parents[2] / "native" / "build" / "libetserve.so"
+log = logging.getLogger("etserve")
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+# Where the library is looked for unless ETSERVE_NATIVE_LIB names one: inside the installed
+# package (a wheel ships it there with the ExecuTorch libraries it links, see setup.py), then
+# the checkout's own build (`make -C native`).
+_LIBRARY_PLACES = (_PACKAGE / "_native" / "libetserve.so", _PACKAGE.parent / "native" / "build" / "libetserve.so")
 
 
 class Status(IntEnum):
@@ -93,10 +100,22 @@ class KvInfo:
     bytes_per_position: int  # one position in all caches together
 
 
-def _load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
-    path = Path(path or os.environ.get("ETSERVE_NATIVE_LIB") or _DEFAULT_LIBRARY)
-    if not path.exists():
-        raise NativeError(f"native library not found at {path}; build it with `make -C native`")
+def library_path() -> Path:
+    """The libetserve.so this process loads: ETSERVE_NATIVE_LIB, else the first of _LIBRARY_PLACES."""
+    explicit = os.environ.get("ETSERVE_NATIVE_LIB")
+    if explicit:
+        path = Path(explicit)
+        if not path.exists():
+            raise NativeError(f"native library not found at {path} (ETSERVE_NATIVE_LIB)")
+        return path
+    for path in _LIBRARY_PLACES:
+        if path.exists():
+            return path
+    raise NativeError(f"native library not found at {' or '.join(map(str, _LIBRARY_PLACES))}: build it "
+                      "with `make -C native` in a checkout, or install etserve's platform wheel")
+
+
+def _load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p_model = ctypes.c_void_p
     sig = {
@@ -163,7 +182,9 @@ def library() -> ctypes.CDLL:
     """The process-wide native library, loaded on first use."""
     global _lib
     if _lib is None:
-        _lib = _load_library()
+        path = library_path()
+        _lib = _load_library(path)
+        log.info("native runtime: %s", path.resolve())
     return _lib
 
 

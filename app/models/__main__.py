@@ -1,10 +1,11 @@
-"""Command line: ``python -m app.models {build,path,list,verify} ...``."""
+"""Command line: ``python -m app.models {build,path,list,verify,pack,unpack} ...``."""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from .registry import (DEFAULT_MAX_SEQ_LEN, EMBEDDING_QUANTIZE_CHOICES, MODELS, QUANTIZE_CHOICES, model_dir,
@@ -40,6 +41,14 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--against", choices=("auto", "transformers", "eager"), default="auto",
                    help="transformers (fp32), or eager: the exporter's eager module with the build's "
                         "quantization (auto: transformers for fp32 builds, eager for quantized ones)")
+    k = sub.add_parser("pack", help="one archive of a built model (NAME-VARIANT.tar) and its .sha256, "
+                                    "to serve it on another machine")
+    _add_model_args(k)
+    k.add_argument("--dest", default=".", help="directory for the archive (default: the current one)")
+    u = sub.add_parser("unpack", help="extract a pack archive, checked against its checksums")
+    u.add_argument("archive", help="NAME-VARIANT.tar (its .sha256 beside it is checked when present)")
+    u.add_argument("--out", default=None,
+                   help="model directory to create (default: where build puts it, so --model NAME finds it)")
     return ap
 
 
@@ -49,6 +58,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for name, spec in MODELS.items():
             opts = resolve_options(name)
             print(f"{name:20s} {opts.variant:22s} {spec.description}")
+        return 0
+    if args.command == "unpack":
+        from .manifest import ManifestError
+        from .pack import unpack
+
+        try:
+            print(unpack(Path(args.archive), Path(args.out) if args.out else None))
+        except (ManifestError, OSError) as e:
+            print(f"unpack: {e}", file=sys.stderr)
+            return 1
         return 0
     opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops, args.embedding_quantize)
     out = model_dir(args.name, opts, args.out)
@@ -69,6 +88,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report = verify(args.name, out, prompt=args.prompt, new_tokens=args.new_tokens,
                         reference=not args.no_reference, ignore_eos=args.ignore_eos, against=args.against)
         return 0 if report.get("ok", True) else 1
+    if args.command == "pack":
+        from .manifest import ManifestError
+        from .pack import pack
+
+        try:
+            archive, digest = pack(out, Path(args.dest))
+        except (ManifestError, OSError) as e:
+            print(f"pack: {e}", file=sys.stderr)
+            return 1
+        print(f"{archive}\nsha256 {digest} (also in {archive.name}.sha256)")
+        return 0
     return 2
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import shutil
@@ -11,12 +10,10 @@ import tempfile
 import time
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from .registry import BuildOptions, ModelSpec, get_spec, model_dir
-
-MANIFEST = "etserve.json"
-MANIFEST_VERSION = 1
+from .manifest import add_checksums, manifest_matches, read_manifest, write_manifest
+from .registry import BuildOptions, get_spec, model_dir
 
 
 def _dist_version(dist: str) -> Optional[str]:
@@ -24,29 +21,6 @@ def _dist_version(dist: str) -> Optional[str]:
         return importlib_metadata.version(dist)
     except importlib_metadata.PackageNotFoundError:
         return None
-
-
-def read_manifest(directory: Path) -> Optional[dict[str, Any]]:
-    """The ``etserve.json`` of a complete build, or None."""
-    try:
-        return json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def manifest_matches(manifest: Optional[dict[str, Any]], spec: ModelSpec, options: BuildOptions) -> bool:
-    """Whether a manifest describes a complete build of ``spec`` with ``options``."""
-    if not manifest:
-        return False
-    return (
-        manifest.get("manifest_version") == MANIFEST_VERSION
-        and manifest.get("name") == spec.name
-        and manifest.get("max_seq_len") == options.max_seq_len
-        and manifest.get("quantize") == options.quantize
-        and manifest.get("custom_ops") == options.custom_ops
-        and manifest.get("embedding_quantize", "none") == options.embedding_quantize
-        and manifest.get("group_size") == (spec.group_size if options.quantize != "none" else None)
-    )
 
 
 def _install(tmp: Path, target: Path) -> None:
@@ -77,6 +51,8 @@ def build(
     spec = get_spec(name)
     target = model_dir(name, options, out)
     if not force and manifest_matches(read_manifest(target), spec, options):
+        if add_checksums(target):  # a build from before the manifest recorded them
+            print(f"added the files' SHA-256 to {target}'s manifest", file=sys.stderr)
         print(f"up to date: {target}", file=sys.stderr)
         return target
 
@@ -131,8 +107,7 @@ def build(
         export_seconds = time.monotonic() - export_started
 
         with stages.stage("writing manifest"):
-            manifest = {
-                "manifest_version": MANIFEST_VERSION,
+            write_manifest(tmp, {
                 "name": spec.name,
                 "architecture": spec.architecture,
                 "source": source,
@@ -145,14 +120,12 @@ def build(
                 "vocab_size": params["vocab_size"],
                 "eos_token_ids": tok_cfg["eos_token_ids"],
                 "bos_token_id": tok_cfg["bos_token_id"],
-                "files": {f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "build_seconds": round(stages.elapsed(), 1),
                 "export_seconds": round(export_seconds, 1),
                 "peak_rss_mb": _peak_rss_mb(),
                 "versions": {d: _dist_version(d) for d in ("torch", "executorch", "gguf", "tokenizers")},
-            }
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            })
             _install(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -46,7 +46,7 @@ def load_eager_model(model_dir: Path, work_dir: Path):
     logits of every position. ``work_dir`` receives the checkpoint (~4 bytes a weight)."""
     import torch
 
-    from .build import read_manifest
+    from .manifest import read_manifest
     from .checkpoint import write_checkpoint
     from .export import make_llm_config
     from .gguf_meta import open_gguf, read_metadata

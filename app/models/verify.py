@@ -135,7 +135,7 @@ def verify(
 
     ``against``: "transformers" (the fp32 model), "eager" (the exporter's eager module with the
     same quantization), or "auto": transformers for an fp32 build, eager for a quantized one."""
-    from .build import read_manifest
+    from .manifest import read_manifest
     from .gguf_source import locate_gguf
     from .registry import get_spec
 

@@ -37,7 +37,7 @@ def test_env_example_lists_every_setting():
                                  "`.venv/bin/python deploy/gen_env_example.py > deploy/etserve.env.example`")
         assert listed[s.env] == s.default, f"{s.env}: the example's default {listed[s.env]!r} is not {s.default!r}"
     # and it names nothing the code does not read
-    code = "\n".join(p.read_text() for p in [*(ROOT / "app").rglob("*.py"), ROOT / "gunicorn.conf.py"])
+    code = "\n".join(p.read_text() for p in (ROOT / "app").rglob("*.py"))
     for env in listed:
         assert env in code, f"deploy/etserve.env.example lists {env}, which nothing reads"
 
@@ -64,7 +64,8 @@ def test_systemd_unit_verifies(tmp_path):
                  "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes"):
         assert re.search(rf"^{re.escape(line)}$", unit, re.M), f"the unit lost {line}"
     # the stop timeout outlasts gunicorn's graceful shutdown
-    graceful = int(re.search(r"^graceful_timeout = (\d+)", (ROOT / "gunicorn.conf.py").read_text(), re.M).group(1))
+    graceful = int(re.search(r"^graceful_timeout = (\d+)", (ROOT / "app" / "gunicorn_conf.py").read_text(),
+                             re.M).group(1))
     assert int(re.search(r"^TimeoutStopSec=(\d+)", unit, re.M).group(1)) > graceful
 
 

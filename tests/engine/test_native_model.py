@@ -7,6 +7,7 @@ import math
 import pytest
 
 from app.engine import NativeError, NativeModel, SamplingParams
+from app.models.manifest import read_manifest
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -113,9 +114,8 @@ def test_top_logprobs(model, prompt_ids):
 
 def test_the_test_model_runs_our_custom_op_kernels(model_dir):
     """The served export uses llama::custom_sdpa / update_cache, so every test above ran our kernels."""
-    import json
     import mmap
 
-    assert json.loads((model_dir / "etserve.json").read_text())["custom_ops"] is True
+    assert read_manifest(model_dir)["custom_ops"] is True
     with open(model_dir / "model.pte", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         assert m.find(b"llama::custom_sdpa") != -1 and m.find(b"llama::update_cache") != -1

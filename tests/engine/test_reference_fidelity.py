@@ -3,12 +3,11 @@ reference, transformers loading the very GGUF our build converted."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from app.engine import NativeModel
+from app.models.manifest import read_manifest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -21,7 +20,7 @@ def reference(model_dir):
     from app.models.gguf_source import locate_gguf
     from app.models.registry import get_spec
 
-    manifest = json.loads((model_dir / "etserve.json").read_text())
+    manifest = read_manifest(model_dir)
     if manifest["quantize"] != "none":
         pytest.fail("the fidelity test needs an fp32 build of the test model")
     gguf = locate_gguf(get_spec(manifest["name"]))

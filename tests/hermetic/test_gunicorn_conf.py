@@ -1,4 +1,5 @@
-"""gunicorn.conf.py takes its bind address from app/settings.py, the one table of settings."""
+"""The gunicorn config (app/gunicorn_conf.py, which the checkout's gunicorn.conf.py imports) takes
+its bind address from app/settings.py, the one table of settings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from app.settings import Settings
 
-CONF = Path(__file__).resolve().parents[2] / "gunicorn.conf.py"
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "app" / "gunicorn_conf.py"
 
 
 def bind(monkeypatch, env: dict[str, str]) -> list[str]:
@@ -28,10 +30,12 @@ def test_bind_follows_the_settings(monkeypatch):
 
 
 def test_a_bad_setting_fails_when_gunicorn_reads_its_config(monkeypatch):
-    with pytest.raises(ValueError, match="port must be an integer"):
+    with pytest.raises(SystemExit, match="port must be an integer"):
         bind(monkeypatch, {"ETSERVE_PORT": "eighty"})
 
 
 def test_the_config_declares_no_setting_of_its_own():
-    text = CONF.read_text()
-    assert "ETSERVE_HOST" not in text and "ETSERVE_PORT" not in text
+    for conf in (CONF, ROOT / "gunicorn.conf.py"):
+        text = conf.read_text()
+        assert "ETSERVE_HOST" not in text and "ETSERVE_PORT" not in text
+    assert "from app.gunicorn_conf import *" in (ROOT / "gunicorn.conf.py").read_text()

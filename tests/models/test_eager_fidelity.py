@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 
 from app.engine import NativeModel
+from app.models.manifest import read_manifest
 from app.text.chat_template import ChatTemplate
 from app.text.tokenizer import Tokenizer
 
@@ -81,7 +82,7 @@ def test_qwen_pte_matches_the_exporters_eager_model(qwen_dir, tmp_path):
     for module in ("torch", "executorch.exir", "torchao"):  # found, not imported: the subprocess imports them
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed")
-    manifest = json.loads((qwen_dir / "etserve.json").read_text())
+    manifest = read_manifest(qwen_dir)
     assert manifest["name"] == "qwen2.5-coder-0.5b" and manifest["custom_ops"], manifest["variant"]
     tokenizer = Tokenizer.from_dir(qwen_dir)
     template = ChatTemplate(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token)
