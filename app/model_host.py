@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine import Engine, NativeModel, faults, set_num_threads
+from app.engine.native import library
+from app.engine.sessions import model_identity
 from app.grammar import GrammarCompiler
 from app.models.registry import default_model_dir
 from app.settings import Settings
@@ -99,8 +101,14 @@ def load_served_model(settings: Settings) -> ServedModel:
     template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token) \
         if template_source else None
     model_id = settings.model_id or _model_name(directory, settings)
+    if settings.keep < -1:
+        raise ValueError(f"--keep must be -1 (the system prompt's tokens) or 0 or more, got {settings.keep}")
+    # a state saved on disk is only restored into the same .pte run by the same native library
+    identity = model_identity(pte, library()._name) if settings.session_dir else ""
     engine = Engine(native, prefill_chunk=settings.prefill_chunk, max_queue=settings.max_queue,
-                    queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib)
+                    queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib,
+                    session_dir=settings.session_dir or None, session_dir_mib=settings.session_dir_mib,
+                    model_identity=identity, context_shift=settings.context_shift, keep=settings.keep)
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
     stop_ids = frozenset(native.info.eos_ids) | tokenizer.eos_token_ids
     if template_source is CHATML_TEMPLATE and (im_end := tokenizer.token_to_id(IM_END)) is not None:
