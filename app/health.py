@@ -73,7 +73,13 @@ class HealthResource:
                 "waiting": engine.waiting,
                 "requests": engine.requests_started,
                 "forward_calls": engine.forward_calls,
+                # the prompt being read right now (llama.cpp's shape), null between prefills
+                "prompt_progress": progress.as_dict() if (progress := engine.prompt_progress) else None,
             }
+            disk = engine.sessions.disk
+            if disk is not None:
+                body["engine"]["session_dir"] = {"files": len(disk), "bytes": disk.used_bytes,
+                                                 "ignored": disk.ignored}
         if state.error:  # the cause (with file paths) is in the server log, not on an open route
             body["error"] = state.public_error or "the model failed to load; the server log says why"
         resp.status = falcon.HTTP_200 if state.status == "ok" else falcon.HTTP_503

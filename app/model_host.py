@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine import Engine, NativeModel, faults, set_num_threads
+from app.engine.native import library
+from app.engine.sessions import model_identity
 from app.grammar import GrammarCompiler
 from app.models.manifest import MANIFEST, check_model_dir, check_program
 from app.models.registry import default_model_dir
@@ -112,14 +114,14 @@ def load_served_model(settings: Settings) -> ServedModel:
         except ValueError:
             native.close()
             raise
-    served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config, manifest)
+    served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config, manifest, pte)
     log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", served.id, pte,
              served.context_length, served.vocab_size, sorted(served.stop_token_ids))
     return served
 
 
 def serve_model(settings: Settings, native: NativeModel, directory: Path, tokenizer_json: Path,
-                tokenizer_config: Path | None, manifest: dict | None = None) -> ServedModel:
+                tokenizer_config: Path | None, manifest: dict | None = None, pte: Path | None = None) -> ServedModel:
     """The served model around a loaded runtime (a NativeModel, or a stand-in with its interface,
     as tests/fakes gives): its engine, tokenizer, template, stop tokens and grammars."""
     context_length = _context_length(settings, native.info.max_seq_len)
@@ -131,8 +133,14 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
     template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token) \
         if template_source else None
     model_id = settings.model_id or _model_name(directory, manifest, settings)
+    if settings.keep < -1:
+        raise ValueError(f"--keep must be -1 (the system prompt's tokens) or 0 or more, got {settings.keep}")
+    # a state saved on disk is only restored into the same .pte run by the same native library
+    identity = model_identity(pte, library()._name) if settings.session_dir and pte is not None else ""
     engine = Engine(native, prefill_chunk=settings.prefill_chunk, max_queue=settings.max_queue,
-                    queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib)
+                    queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib,
+                    session_dir=settings.session_dir or None, session_dir_mib=settings.session_dir_mib,
+                    model_identity=identity, context_shift=settings.context_shift, keep=settings.keep)
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
     stop_ids = frozenset(native.info.eos_ids) | tokenizer.eos_token_ids
     if template_source is CHATML_TEMPLATE and (im_end := tokenizer.token_to_id(IM_END)) is not None:

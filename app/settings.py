@@ -45,6 +45,19 @@ SETTINGS: tuple[Setting, ...] = (
             "largest request body accepted"),
     Setting("session_cache_mib", "ETSERVE_SESSION_CACHE_MIB", "--session-cache-mib", "512",
             "memory (MiB) for the saved KV states of recent sessions (session_id); 0: no sessions"),
+    Setting("session_dir", "ETSERVE_SESSION_DIR", "--session-dir", "",
+            "a directory where KV states are kept on disk (the live one after each generation, and those "
+            "evicted from memory), found again after a restart; a request restores the saved state "
+            "sharing the longest prefix with its prompt; empty: memory only"),
+    Setting("session_dir_mib", "ETSERVE_SESSION_DIR_MIB", "--session-dir-mib", "4096",
+            "most disk (MiB) the --session-dir states may take; the least recently used go first"),
+    Setting("context_shift", "ETSERVE_CONTEXT_SHIFT", "--context-shift", "0",
+            "a generation that fills the context keeps the first --keep tokens, drops the oldest half of "
+            "the rest and goes on (max_tokens may then exceed the room the prompt leaves); off: it stops "
+            "with finish_reason length", switch=True),
+    Setting("keep", "ETSERVE_KEEP", "--keep", "-1",
+            "with --context-shift: tokens at the start of the context a shift never drops; -1: the "
+            "system prompt's when the request says (GenerationRequest.keep), else 0"),
     Setting("max_tokens_cap", "ETSERVE_MAX_TOKENS_CAP", "--max-tokens-cap", "0",
             "most tokens one choice may generate, whatever max_tokens asks (like llama.cpp's -n); "
             "a capped choice ends with finish_reason length; 0: no cap"),
@@ -90,6 +103,10 @@ class Settings:
     metrics_auth: str
     max_body_bytes: int
     session_cache_mib: int
+    session_dir: str
+    session_dir_mib: int
+    context_shift: bool
+    keep: int
     max_tokens_cap: int
     sse_keepalive: float
     tokenizer_path: str

@@ -4,7 +4,13 @@ Generation is serialized: a request holds the lock from its first prefill chunk
 to its last decode step. The KV cache keeps what the previous request left in
 it, so a prompt that starts with the same tokens prefills only the rest. With
 sessions (sessions.py), the states of other recent conversations are saved
-aside and copied back when their next request comes.
+aside and copied back when their next request comes; with a session directory
+they are also kept on disk, across restarts.
+
+A request may ask for PromptProgress events while its prompt is read
+(`report_progress`); /health reads the running prefill's progress from
+`Engine.prompt_progress`. With `context_shift`, a generation that fills the
+context drops the oldest half of what follows the first `keep` tokens and goes on.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from pathlib import Path
+from typing import Callable, Iterator, Protocol, Union
 
 from .cancel import CancelToken
 from .native import NativeError, NativeModel
 from .offload import run_blocking
-from .sessions import KvSessions
+from .sessions import DiskSessions, KvSessions
 from .sampling import SamplingParams
 
 
@@ -69,6 +76,22 @@ class GenerationRequest:
     top_logprobs: int = 0  # alternatives reported with each token
     session_id: str | None = None  # the conversation whose saved KV state to continue from
     constraint: ConstraintSource | None = None  # a grammar the output must follow
+    report_progress: bool = False  # also yield PromptProgress events while the prompt is read
+    keep: int | None = None  # context shift: tokens at the start never dropped (e.g. the system
+    #                          prompt's); the engine's own --keep, when set, wins
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far the reading of a prompt has got (llama.cpp's `prompt_progress`)."""
+
+    total: int  # the prompt's tokens
+    cache: int  # of those, reused from the KV cache (not computed again)
+    processed: int  # in the cache so far, cached ones included: from `cache` up to `total`
+    time_ms: int  # since this request started on its prompt
+
+    def as_dict(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
 
 
 @dataclass(frozen=True)
@@ -87,16 +110,21 @@ class GenerationStats:
     queued_ms: float = 0.0
     prompt_ms: float = 0.0
     decode_ms: float = 0.0
+    context_shifts: int = 0  # times the context was full and its older half dropped
+
+
+Event = Union[TokenEvent, PromptProgress]
 
 
 class Generation:
-    """Iterate for TokenEvents; `stats` is complete once iteration ends."""
+    """Iterate for TokenEvents (and, if the request asked, PromptProgress events before
+    the first token); `stats` is complete once iteration ends."""
 
-    def __init__(self, events: Iterator[TokenEvent], stats: GenerationStats):
+    def __init__(self, events: Iterator[Event], stats: GenerationStats):
         self._events = events
         self.stats = stats
 
-    def __iter__(self) -> Iterator[TokenEvent]:
+    def __iter__(self) -> Iterator[Event]:
         return self._events
 
     def close(self) -> None:
@@ -114,6 +142,11 @@ class Engine:
         queue_timeout: float = 300.0,
         offload: Callable = run_blocking,
         session_cache_mib: float = 512,
+        session_dir: str | Path | None = None,
+        session_dir_mib: float = 4096,
+        model_identity: str = "",
+        context_shift: bool = False,
+        keep: int = -1,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
@@ -126,8 +159,15 @@ class Engine:
         self._kv_tokens: list[int] = []  # tokens whose keys/values fill positions 0..n-1
         self.generating = False
         self.requests_started = 0
+        self.context_shift = context_shift  # at the end of the context: drop the older half and go on
+        self.keep = keep  # tokens a shift keeps at the start; -1: the request's `keep`, else 0
+        self.prompt_progress: PromptProgress | None = None  # the prompt being read right now
         # saved KV states of recent sessions, and which one the live cache holds
-        self.sessions = KvSessions(model, int(session_cache_mib * 2**20), offload, logging.getLogger("etserve"))
+        log = logging.getLogger("etserve")
+        disk = None
+        if session_dir:
+            disk = DiskSessions(Path(session_dir), int(session_dir_mib * 2**20), model_identity, log)
+        self.sessions = KvSessions(model, int(session_cache_mib * 2**20), offload, log, disk=disk)
         # called with each finished generation's complete stats (metrics); must not raise
         self.observers: list[Callable[[GenerationStats], None]] = []
 
@@ -187,17 +227,24 @@ class Engine:
         if not self._acquire(cancel, stats):
             stats.finish_reason = "cancelled"
             return
+        failed = False
         try:
             self.generating = True
             self.requests_started += 1
             yield from self._decode(request, cancel, stats)
         except NativeError:
+            failed = True
             self._kv_tokens = []  # the cache may hold anything now
             self.sessions.lost()
             raise
         finally:
-            self.generating = False
-            self._line.release()
+            self.prompt_progress = None
+            try:
+                if not failed:  # the live state, on disk for later conversations and restarts
+                    self.sessions.persist_live(self._kv_tokens)
+            finally:
+                self.generating = False
+                self._line.release()
             for observe in self.observers:
                 observe(stats)
 
@@ -228,9 +275,10 @@ class Engine:
             n += 1
         return n
 
-    def _decode(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats) -> Iterator[TokenEvent]:
+    def _decode(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats) -> Iterator[Event]:
         model, prompt, sampling = self.model, request.prompt, request.sampling
         rng = sampling.initial_rng_state()
+        started = time.perf_counter()
         self._kv_tokens = self.sessions.switch(self._kv_tokens, prompt, request.session_id, self.prefix_reuse)
         pos = self._reusable_prefix(prompt)
         stats.cached_tokens = pos
@@ -238,6 +286,14 @@ class Engine:
         history = list(prompt) if sampling.uses_history else []
         constraint = request.constraint.matcher() if request.constraint is not None else None
 
+        def progress() -> PromptProgress:
+            self.prompt_progress = PromptProgress(len(prompt), stats.cached_tokens, pos,
+                                                  int((time.perf_counter() - started) * 1000))
+            return self.prompt_progress
+
+        first = progress()
+        if request.report_progress:
+            yield first
         t0 = time.perf_counter()
         while pos < len(prompt):
             if cancel.cancelled:
@@ -251,10 +307,19 @@ class Engine:
                 self._offload(model.forward, chunk, pos)
             self._kv_tokens.extend(chunk)
             pos += len(chunk)
+            update = progress()
+            if request.report_progress:
+                yield update
         t1 = time.perf_counter()
         stats.prompt_ms = (t1 - t0) * 1000
+        self.prompt_progress = None
 
-        max_new = min(request.max_tokens, self.context_length - len(prompt))
+        if self.context_shift:
+            max_new = request.max_tokens
+            keep = self.keep if self.keep >= 0 else (request.keep or 0)
+            keep = max(0, min(keep, len(prompt), self.context_length - 4))
+        else:
+            max_new = min(request.max_tokens, self.context_length - len(prompt))
         try:
             while True:
                 stats.completion_tokens += 1
@@ -271,11 +336,48 @@ class Engine:
                     return
                 if sampling.uses_history:
                     history.append(token)
+                if pos >= self.context_length:  # no position left for `token`: only with context_shift
+                    shifted = self._shift(token, keep, request, rng, history, constraint, cancel)
+                    if shifted is None:
+                        stats.finish_reason = "cancelled"
+                        return
+                    event, rng = shifted
+                    pos = len(self._kv_tokens)
+                    stats.context_shifts += 1
+                    continue
                 event, rng = self._offload(self._step, [token], pos, request, rng, history, constraint)
                 self._kv_tokens.append(token)
                 pos += 1
         finally:
             stats.decode_ms = (time.perf_counter() - t1) * 1000
+
+    def _shift(self, token: int, keep: int, request: GenerationRequest, rng: int, history: list[int],
+               constraint: TokenConstraint | None, cancel: CancelToken) -> tuple[TokenEvent, int] | None:
+        """Context shift: keep the first `keep` cached tokens, drop the oldest half of the rest,
+        and read what remains (and `token`) again after the kept ones, as a fresh prompt would be.
+
+        The kept tokens' keys and values stay where they are (a fresh run computes the same);
+        the others are computed again at their new positions (exact, where moving cached
+        keys would need their rotary embedding undone). None if cancelled meanwhile."""
+        kv = self._kv_tokens
+        discard = (len(kv) - keep) // 2
+        rest = kv[keep + discard :] + [token]
+        self._kv_tokens = kv[:keep]
+        if request.sampling.uses_history:  # as a fresh run on the kept tokens would see them
+            history[:] = self._kv_tokens + rest
+        pos = keep
+        while True:
+            if cancel.cancelled:
+                return None
+            chunk = rest[: self.prefill_chunk]
+            rest = rest[len(chunk) :]
+            if not rest:
+                event, rng = self._offload(self._step, chunk, pos, request, rng, history, constraint)
+                self._kv_tokens.extend(chunk)
+                return event, rng
+            self._offload(self.model.forward, chunk, pos)
+            self._kv_tokens.extend(chunk)
+            pos += len(chunk)
 
     def _step(self, tokens: list[int], pos: int, request: GenerationRequest, rng: int,
               history: list[int], constraint: TokenConstraint | None) -> tuple[TokenEvent, int]:

@@ -52,9 +52,10 @@ def plan_generation(model: ServedModel, tokens: list[int], params: GenerationPar
     """
     context = model.context_length
     wanted = params.max_tokens
-    if len(tokens) >= context or (wanted is not None and len(tokens) + wanted > context):
+    shift = model.engine.context_shift  # --context-shift: generation may run past the context's end
+    if len(tokens) >= context or (wanted is not None and not shift and len(tokens) + wanted > context):
         raise context_error(len(tokens), wanted, context, param=param)
-    room = context - len(tokens)
+    room = context - len(tokens)  # without max_tokens, generation stops at the context's end either way
     if wanted is None:
         wanted = min(default_max_tokens, room) if default_max_tokens is not None else room
     if model.max_tokens_cap > 0:  # the operator's limit: generation ends there, finish_reason "length"
