@@ -44,7 +44,8 @@ def context_error(prompt_tokens: int, requested: int | None, context: int, *, pa
 
 
 def plan_generation(model: ServedModel, tokens: list[int], params: GenerationParams, *, param: str,
-                    default_max_tokens: int | None = None, session_id: str | None = None) -> GenerationRequest:
+                    default_max_tokens: int | None = None, session_id: str | None = None,
+                    report_progress: bool = False) -> GenerationRequest:
     """The engine request for `tokens`, or a 400 when they and the max_tokens asked for don't fit.
 
     Without max_tokens, generation runs for `default_max_tokens` (or until the
@@ -61,7 +62,8 @@ def plan_generation(model: ServedModel, tokens: list[int], params: GenerationPar
     if model.max_tokens_cap > 0:  # the operator's limit: generation ends there, finish_reason "length"
         wanted = min(wanted, model.max_tokens_cap)
     return GenerationRequest(prompt=tokens, max_tokens=wanted, sampling=params.sampling,
-                             stop_token_ids=model.stop_token_ids, session_id=session_id)
+                             stop_token_ids=model.stop_token_ids, session_id=session_id,
+                             report_progress=report_progress)
 
 
 def fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, extra=(), typed: str = "",

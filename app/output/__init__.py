@@ -11,11 +11,11 @@ fold of that stream, so a whole response always equals its streamed form. Each A
 into its own shapes; none of them re-implements a stage.
 """
 
-from .deltas import ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
+from .deltas import ContentDelta, Delta, PromptProgress, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 from .pipeline import ChoiceOutput, ChoicePipeline, OutputOptions
 from .text import TextStream
 
 __all__ = [
-    "ChoiceOutput", "ChoicePipeline", "ContentDelta", "Delta", "OutputOptions", "ReasoningDelta",
+    "ChoiceOutput", "ChoicePipeline", "ContentDelta", "Delta", "OutputOptions", "PromptProgress", "ReasoningDelta",
     "TextStream", "ToolArgumentsDelta", "ToolCallStart",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from app.engine import PromptProgress
 from app.tools import ContentDelta, ToolArgumentsDelta, ToolCallStart
 
 
@@ -15,6 +16,8 @@ class ReasoningDelta:
     text: str
 
 
-Delta = Union[ReasoningDelta, ContentDelta, ToolCallStart, ToolArgumentsDelta]
+# PromptProgress (how far the prompt has been read) comes only to a request that asked for it
+# (GenerationRequest.report_progress), before any text.
+Delta = Union[PromptProgress, ReasoningDelta, ContentDelta, ToolCallStart, ToolArgumentsDelta]
 
-__all__ = ["ContentDelta", "Delta", "ReasoningDelta", "ToolArgumentsDelta", "ToolCallStart"]
+__all__ = ["ContentDelta", "Delta", "PromptProgress", "ReasoningDelta", "ToolArgumentsDelta", "ToolCallStart"]

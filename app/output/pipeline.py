@@ -15,7 +15,7 @@ from app.text.reasoning import ReasoningSplitter, Split
 from app.text.tokenizer import Tokenizer
 from app.tools import StreamingToolParser, ToolCall
 
-from .deltas import ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
+from .deltas import ContentDelta, Delta, PromptProgress, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 from .text import TextStream
 
 
@@ -44,6 +44,8 @@ class ChoiceOutput:
     events: list[TokenEvent] = field(default_factory=list)
 
     def add(self, delta: Delta) -> None:
+        if isinstance(delta, PromptProgress):
+            return  # how the prompt was read is not part of the output
         if isinstance(delta, ReasoningDelta):
             self.reasoning += delta.text
         elif isinstance(delta, ContentDelta):
@@ -94,6 +96,9 @@ class ChoicePipeline:
 
     def __iter__(self) -> Iterator[Delta]:
         for text in self._text:
+            if isinstance(text, PromptProgress):
+                yield text
+                continue
             yield from self._split(self._splitter.push(text) if self._splitter else Split(content=text))
         if self.cancelled:  # nothing more is decided for an abandoned choice
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from app.engine import Generation, TokenEvent
+from app.engine import Generation, PromptProgress, TokenEvent
 from app.text.detokenizer import IncrementalDetokenizer
 from app.text.stop import StopMatcher
 from app.text.tokenizer import Tokenizer
@@ -27,9 +27,13 @@ class TextStream:
         """The stop string that ended the text (None when it ended otherwise)."""
         return self._stops.matched
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[str | PromptProgress]:
+        """Text deltas; PromptProgress events (if the request asked for them) pass through as they come."""
         try:
             for event in self.generation:
+                if isinstance(event, PromptProgress):
+                    yield event
+                    continue
                 self.events.append(event)
                 text, stopped = self._stops.push(self._detok.push(event.token_id))
                 if text:
@@ -49,4 +53,4 @@ class TextStream:
 
     def text(self) -> str:
         """Run to the end and return the whole text."""
-        return "".join(self)
+        return "".join(t for t in self if isinstance(t, str))

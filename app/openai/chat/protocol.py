@@ -44,6 +44,7 @@ class ChatCompletionRequest:
     n: int
     template_kwargs: dict[str, Any]
     session_id: str | None = None  # body `session_id`, else a session header (app/openai/sessions.py)
+    return_progress: bool = False  # llama.cpp's: stream prompt_progress chunks while the prompt is read
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
@@ -64,6 +65,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     if top_logprobs and not logprobs:
         raise invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs': true")
     template_kwargs = f.obj("chat_template_kwargs") or {}
+    return_progress = f.boolean("return_progress", False) and stream  # llama.cpp: only streams report it
     session_id = parse_session_id(f.raw("session_id"))
     for name in METADATA_FIELDS:
         f.raw(name)
@@ -84,6 +86,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         n=n,
         template_kwargs=template_kwargs,
         session_id=session_id,
+        return_progress=return_progress,
     )
 
 

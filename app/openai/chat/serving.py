@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
 from app.text.chat_template import TemplateError
-from app.output import ChoicePipeline, ContentDelta, OutputOptions, ReasoningDelta
+from app.output import ChoicePipeline, ContentDelta, OutputOptions, PromptProgress, ReasoningDelta
 from app.text.reasoning import prompt_opens_reasoning
 from app.tools import calls_as_text, template_supports_tools, with_tools_system_prompt
 
@@ -64,7 +64,7 @@ class ChatCompletions:
         prompt = self.render_prompt(request)
         tokens = self.model.tokenizer.encode(prompt)
         generation = plan_generation(self.model, tokens, request.params, param="messages",
-                                     session_id=request.session_id)
+                                     session_id=request.session_id, report_progress=request.return_progress)
         if request.top_logprobs:
             generation = replace(generation, top_logprobs=request.top_logprobs)
         constraint = output_constraint(request, self.model.grammars)
@@ -121,6 +121,11 @@ class ChatCompletions:
         reported = 0  # token events whose logprobs went out already
         yield self._chunk(prepared, shapes.stream_choice(index, {"role": "assistant", "content": ""}))
         for d in pipeline:
+            if isinstance(d, PromptProgress):  # llama.cpp's form: the role delta, and the progress beside it
+                progress = self._chunk(prepared, shapes.stream_choice(index, {"role": "assistant", "content": None}))
+                progress["prompt_progress"] = d.as_dict()
+                yield progress
+                continue
             logprobs = None
             if isinstance(d, (ContentDelta, ReasoningDelta)):  # logprobs ride on the text they produced
                 logprobs = self._logprobs(prepared, pipeline.events[reported:])

@@ -30,6 +30,7 @@ class CompletionRequest:
     session_id: str | None = None  # body `session_id`, else a session header (app/openai/sessions.py)
     n: int = 1  # choices per prompt
     logprobs: int | None = None  # legacy logprobs: report this many alternatives (0-5) per token
+    return_progress: bool = False  # llama.cpp's: stream prompt_progress chunks while the prompt is read
     suffix: str | None = None  # fill in the middle: the text after the completion (each prompt is the text before)
 
 
@@ -40,6 +41,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     params = parse_generation_params(f)
     stream, include_usage = parse_stream(f)
     echo = f.boolean("echo", False)
+    return_progress = f.boolean("return_progress", False) and stream  # llama.cpp: only streams report it
     session_id = parse_session_id(f.raw("session_id"))
     n = f.integer("n", 1, lo=1, hi=MAX_CHOICES)
     best_of = f.integer("best_of", 1, lo=1)
@@ -56,7 +58,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     f.reject_unknown()
     return CompletionRequest(model=model, prompts=prompts, params=params, stream=stream,
                              include_usage=include_usage, echo=echo, session_id=session_id, n=n,
-                             logprobs=logprobs, suffix=suffix)
+                             logprobs=logprobs, suffix=suffix, return_progress=return_progress)
 
 
 def _is_token(x: Any) -> bool:

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
-from app.output import ChoicePipeline, OutputOptions
+from app.output import ChoicePipeline, OutputOptions, PromptProgress
 
 from ..common import check_model, fim_generation, fim_prompt, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
 from ..errors import invalid_value
@@ -65,7 +65,8 @@ class Completions:
             if not tokens:
                 raise invalid_value("prompt", f"'{param}' has no tokens")
             generation = plan_generation(self.model, tokens, request.params, param="prompt",
-                                         default_max_tokens=DEFAULT_MAX_TOKENS, session_id=request.session_id)
+                                         default_max_tokens=DEFAULT_MAX_TOKENS, session_id=request.session_id,
+                                         report_progress=request.return_progress)
             if request.suffix is not None:
                 generation = fim_generation(self.model, generation)
             if request.logprobs:
@@ -127,7 +128,12 @@ class Completions:
 
             if prepared.request.echo and prompt.echo:
                 yield chunk(index, prompt.echo)
-            for delta in pipeline:  # no reasoning or tools here: every delta is text
+            for delta in pipeline:  # no reasoning or tools here: text, or the prompt's progress
+                if isinstance(delta, PromptProgress):
+                    progress = chunk(index)
+                    progress["prompt_progress"] = delta.as_dict()
+                    yield progress
+                    continue
                 yield chunk(index, delta.text, logprobs=new_logprobs())
             if pipeline.cancelled:
                 return
