@@ -23,6 +23,9 @@ from app.openai.chat.serving import ChatCompletions
 from app.openai.completions.routes import completions_resource
 from app.openai.completions.serving import Completions
 from app.openai.models.routes import ModelsResource
+from app.openai.responses.routes import StoredResponseResource, responses_resource
+from app.openai.responses.serving import Responses
+from app.openai.responses.store import ResponseStore
 from app.openai.sessions import SessionsResource
 from app.openai.tokenize.routes import TokenizerResource
 from app.openai.tokenize.serving import Tokenization
@@ -38,6 +41,9 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
     tokenizer = TokenizerResource(Tokenization(model, chat_service), settings.max_body_bytes)
     models = ModelsResource(model, int(time.time()))
     sessions = SessionsResource(model)
+    responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size))
+    responses = responses_resource(responses_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
+    stored_responses = StoredResponseResource(responses_service)
     for prefix in ("/v1", ""):
         app.add_route(f"{prefix}/chat/completions", chat)
         app.add_route(f"{prefix}/completions", completions)
@@ -47,6 +53,8 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
         app.add_route(f"{prefix}/models/{{model_id}}", models, suffix="one")
         app.add_route(f"{prefix}/sessions", sessions)
         app.add_route(f"{prefix}/sessions/{{session_id}}", sessions, suffix="one")
+        app.add_route(f"{prefix}/responses", responses)
+        app.add_route(f"{prefix}/responses/{{response_id}}", stored_responses)
 
 
 def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.App:
