@@ -123,3 +123,72 @@ def test_response_object_validates():
                           previous_response_id=None, completed_at=2)
     parsed = Response.model_validate(obj, strict=False)
     assert parsed.output_text == "Hello" and parsed.usage.input_tokens_details.cached_tokens == 2
+
+
+class _FailingPipeline:
+    """A pipeline whose generation fails after its first delta (as a runtime fault would)."""
+
+    cancelled = False
+
+    def __iter__(self):
+        yield ContentDelta("Hel")
+        raise RuntimeError("boom")
+
+
+class _FakeChat:
+    class model:
+        id = "m"
+
+    def prepare(self, request):
+        return request
+
+    def pipeline(self, prepared, index, cancel):
+        return _FailingPipeline()
+
+
+def test_an_error_after_the_start_is_response_failed_then_error():
+    from app.openai.responses.serving import Responses
+    from app.openai.responses.store import ResponseStore
+
+    store = ResponseStore(4)
+    service = Responses(_FakeChat(), store)
+    prepared = service.prepare(parse_responses_request({"input": "hi"}))
+    events = [e.data for e in service.stream(prepared, cancel=None)]
+    for e in events:
+        EVENTS.validate_python(e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events][-2:] == ["response.failed", "error"]
+    failed = events[-2]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert failed["output"][0]["content"][0]["text"] == "Hel"
+    assert events[-1]["code"] == "internal_error" and "boom" not in events[-1]["message"]
+    assert len(store) == 0
+    with pytest.raises(RuntimeError):
+        service.complete(prepared, cancel=None)
+
+
+def test_store_is_a_bounded_lru():
+    from app.openai.responses.store import ResponseStore, StoredResponse
+
+    store = ResponseStore(2)
+    for i in range(3):
+        store.put(StoredResponse({"id": f"r{i}"}, [], "s"))
+        if i == 1:
+            assert store.get("r0") is not None  # r0 is now the most recent
+    assert store.get("r1") is None and store.get("r0") and store.get("r2")
+    assert store.delete("r0") and not store.delete("r0")
+    assert len(ResponseStore(0)) == 0
+
+
+def test_codex_request_parses():
+    """Codex CLI 0.171.0's first request, as it sent it (recorded): every field, item and tool type
+    is accepted; its function tools reach the prompt, namespace and web_search do not."""
+    import json
+    from pathlib import Path
+
+    body = json.loads((Path(__file__).parent / "recorded" / "codex-0.171.0-first-request.json").read_text())
+    r = parse_responses_request(body)
+    assert r.stream and not r.store and r.session_id == body["prompt_cache_key"]
+    assert [m["role"] for m in r.messages] == ["system", "system", "user", "user"]
+    assert {t["function"]["name"] for t in r.tools} == {
+        "exec_command", "write_stdin", "request_user_input", "view_image", "get_goal", "create_goal", "update_goal"}
