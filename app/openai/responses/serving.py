@@ -35,7 +35,7 @@ class PreparedResponse:
     history: list[dict[str, Any]]  # the conversation before this response's output (no instructions)
     id: str
     created_at: int
-    session_id: str
+    session_id: str | None
 
 
 def not_found(response_id: str) -> APIError:
@@ -66,8 +66,10 @@ class Responses:
         if not any(m["role"] != "system" for m in history):
             raise APIError(400, "'input' holds no message to answer", code="invalid_value", param="input")
         response_id = f"resp_{uuid.uuid4().hex}"
-        # The KV session: the client's prompt_cache_key, else the conversation's (its first response's id).
-        session_id = request.session_id or (previous.session_id if previous else response_id)
+        # The KV session: the client's prompt_cache_key, else the conversation's (its first response's
+        # id), if it can go on (a response not stored cannot be continued by previous_response_id).
+        session_id = request.session_id or (previous.session_id if previous else None) \
+            or (response_id if request.store else None)
         chat_request = ChatCompletionRequest(
             model=request.model, messages=_with_instructions(request.instructions, history), params=request.params,
             stream=request.stream, include_usage=False, tools=request.tools,

@@ -13,7 +13,7 @@ from typing import Any
 class StoredResponse:
     response: dict[str, Any]  # the response object as it was returned
     history: list[dict[str, Any]]  # the conversation up to and including its output, as chat messages
-    session_id: str  # the KV session its conversation continues in
+    session_id: str | None  # the KV session its conversation continues in
 
 
 class ResponseStore:
