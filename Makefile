@@ -11,7 +11,7 @@ TEST_MODEL ?= smollm2-135m
 TEST_MODEL_OPTS ?= --max-seq-len 512
 PYTEST_ARGS ?=
 
-.PHONY: help setup native model test-model serve test bench clean system-packages wheel serve-only
+.PHONY: help setup native model test-model serve test bench clean system-packages wheel serve-only agents
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page. Installed only when missing; needs root or sudo.
@@ -62,7 +62,20 @@ system-packages:
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
 	fi
 
-test: test-model system-packages
+# The coding agents the tests drive for real (Codex CLI on /v1/responses, Claude Code on
+# /v1/messages), pinned, installed with npm into a cache outside the repo. Installed only
+# when this exact list is missing there.
+AGENTS_DIR ?= $(HOME)/.cache/etserve/agents
+AGENTS ?= @openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332
+agents:
+	@stamp="$(AGENTS_DIR)/.installed-$$(echo '$(AGENTS)' | md5sum | cut -c1-12)"; \
+	if [ ! -e "$$stamp" ]; then \
+		echo "installing $(AGENTS) into $(AGENTS_DIR)"; \
+		npm install --prefix "$(AGENTS_DIR)" --no-audit --no-fund --loglevel=error $(AGENTS) && touch "$$stamp"; \
+	fi
+
+test: test-model system-packages agents
+	ETSERVE_AGENTS_DIR="$(AGENTS_DIR)" \
 	ETSERVE_TEST_MODEL_DIR="$$($(PY) -m app.models path $(TEST_MODEL) $(TEST_MODEL_OPTS))" \
 	ETSERVE_TEST_QWEN_DIR="$$($(PY) -m app.models path $(MODEL))" \
 		$(PY) -m pytest $(PYTEST_ARGS)

@@ -64,6 +64,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sse_keepalive", "ETSERVE_SSE_KEEPALIVE", "--sse-keepalive", "10",
             "seconds of silence after which a stream gets an SSE comment (: keep-alive), e.g. while "
             "it waits for the model or its prompt is read; 0: never"),
+    Setting("responses_store_size", "ETSERVE_RESPONSES_STORE_SIZE", "--responses-store-size", "100",
+            "finished /v1/responses responses kept in memory (LRU) for GET /v1/responses/{id} and "
+            "previous_response_id; 0: none are kept"),
     Setting("tokenizer_path", "ETSERVE_TOKENIZER_PATH", "--tokenizer-path", "",
             "a tokenizer.json file, or a directory holding one, instead of the one beside the model; "
             "its tokenizer_config.json is read from the same directory if there is one"),
@@ -109,6 +112,7 @@ class Settings:
     keep: int
     max_tokens_cap: int
     sse_keepalive: float
+    responses_store_size: int
     tokenizer_path: str
     hf_tokenizer: str
     max_context: int

@@ -26,6 +26,9 @@ from app.openai.generation_resource import GenerationResource
 from app.openai.completions.routes import completions_resource
 from app.openai.completions.serving import Completions
 from app.openai.models.routes import ModelsResource
+from app.openai.responses.routes import StoredResponseResource, responses_resource
+from app.openai.responses.serving import Responses
+from app.openai.responses.store import ResponseStore
 from app.openai.sessions import SessionsResource
 from app.openai.tokenize.routes import TokenizerResource
 from app.openai.tokenize.serving import Tokenization
@@ -45,6 +48,9 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
     infill = GenerationResource(parse_infill_request, Infill(model), settings.max_body_bytes,
                                 sse_keepalive=settings.sse_keepalive, done=False)
     app.add_route("/infill", infill)
+    responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size))
+    responses = responses_resource(responses_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
+    stored_responses = StoredResponseResource(responses_service)
     for prefix in ("/v1", ""):
         app.add_route(f"{prefix}/chat/completions", chat)
         app.add_route(f"{prefix}/completions", completions)
@@ -54,6 +60,8 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
         app.add_route(f"{prefix}/models/{{model_id}}", models, suffix="one")
         app.add_route(f"{prefix}/sessions", sessions)
         app.add_route(f"{prefix}/sessions/{{session_id}}", sessions, suffix="one")
+        app.add_route(f"{prefix}/responses", responses)
+        app.add_route(f"{prefix}/responses/{{response_id}}", stored_responses)
 
 
 def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.App:
