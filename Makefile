@@ -11,7 +11,7 @@ TEST_MODEL ?= smollm2-135m
 TEST_MODEL_OPTS ?= --max-seq-len 512
 PYTEST_ARGS ?=
 
-.PHONY: help setup native model test-model serve test bench clean system-packages
+.PHONY: help setup native model test-model serve test bench clean system-packages agents
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page. Installed only when missing; needs root or sudo.
@@ -60,7 +60,14 @@ system-packages:
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
 	fi
 
-test: test-model system-packages
+# The coding agents the tests drive for real (tests/e2e/test_claude_code.py), pinned.
+AGENTS_DIR ?= $(HOME)/.cache/etserve/agents
+AGENTS ?= @openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332
+
+agents:
+	npm install --prefix $(AGENTS_DIR) --no-audit --no-fund $(AGENTS)
+
+test: test-model system-packages agents
 	ETSERVE_TEST_MODEL_DIR="$$($(PY) -m app.models path $(TEST_MODEL) $(TEST_MODEL_OPTS))" \
 	ETSERVE_TEST_QWEN_DIR="$$($(PY) -m app.models path $(MODEL))" \
 		$(PY) -m pytest $(PYTEST_ARGS)
