@@ -69,7 +69,7 @@ def _parse(body: Any, *, counting: bool) -> MessagesRequest:
     max_tokens = f.integer("max_tokens", None, lo=1)
     if max_tokens is None and not counting:
         raise APIError(400, "'max_tokens' is required", code="missing_required_parameter", param="max_tokens")
-    system = _system_text("system", f.raw("system"))
+    system = _system_text("system", f.raw("system"), strip_billing=True)
     inner_system, messages = _messages(f.raw("messages"))
     system_text = "\n\n".join(t for t in [system, *inner_system] if t)
     if system_text:
@@ -122,15 +122,23 @@ def _text(where: str, block: dict[str, Any]) -> str:
     return text
 
 
-def _system_text(where: str, value: Any) -> str:
-    """`system` (or a system message's content): a string or text blocks (cache_control ignored)."""
+# Claude Code's first system block: client telemetry for Anthropic's billing, not instructions. Its
+# version suffix (and, in some versions, a `cch=` nonce) is derived from the request, so kept
+# at the head of the prompt it would make every turn's prompt differ from the cached one there.
+_BILLING_HEADER = re.compile(r"\Ax-anthropic-billing-header:[^\n]*\n?")
+
+
+def _system_text(where: str, value: Any, *, strip_billing: bool = False) -> str:
+    """`system` (or a system message's content): a string or text blocks (cache_control ignored);
+    with `strip_billing`, without a leading x-anthropic-billing-header line."""
     if value is None:
         return ""
     parts = []
     for j, block in enumerate(_blocks(where, value)):
         if block["type"] != "text":
             raise invalid_value(f"{where}[{j}]", f"system content takes text blocks only, not {block['type']!r}")
-        parts.append(_text(f"{where}[{j}]", block))
+        text = _text(f"{where}[{j}]", block)
+        parts.append(_BILLING_HEADER.sub("", text) if strip_billing else text)
     return "\n\n".join(p for p in parts if p)
 
 

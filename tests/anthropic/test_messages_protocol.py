@@ -38,7 +38,10 @@ def test_claude_codes_request_is_accepted_whole():
     # system: the three text blocks, then the role-"system" message Claude Code puts after the user turn
     assert [m["role"] for m in r.messages] == ["system", "user"]
     system = r.messages[0]["content"]
-    for block in [*CLAUDE_CODE["system"], *CLAUDE_CODE["messages"][1]["content"]]:
+    billing, *blocks = CLAUDE_CODE["system"]
+    assert billing["text"].startswith("x-anthropic-billing-header:")
+    assert "billing" not in system and system.startswith(blocks[0]["text"])  # telemetry, left out
+    for block in [*blocks, *CLAUDE_CODE["messages"][1]["content"]]:
         assert block["text"] in system
     assert system.index(CLAUDE_CODE["system"][2]["text"]) < system.index("# Environment")
     assert r.messages[1]["content"].endswith("Reply with one word: hello")
@@ -47,6 +50,17 @@ def test_claude_codes_request_is_accepted_whole():
     assert r.tool_choice == "auto" and r.parallel_tool_calls
     assert r.session_id == "5b83b9dc-ceea-46f4-97c4-37b1930ce6a3"  # from metadata.user_id
     assert r.template_kwargs == {}  # thinking "adaptive": the model decides
+
+
+def test_only_a_leading_billing_header_line_is_left_out():
+    header = "x-anthropic-billing-header: cc_version=2.1.332.8ef; cc_entrypoint=cli; cch=71fea;"
+    assert parse(system=header + "\nYou are terse.").messages[0]["content"] == "You are terse."
+    assert parse(system=[{"type": "text", "text": header}, {"type": "text", "text": "Hi."}]
+                 ).messages[0]["content"] == "Hi."
+    kept = "Quote: x-anthropic-billing-header: is a line Claude Code sends."
+    assert parse(system=kept).messages[0]["content"] == kept
+    inside = parse(messages=[*USER, {"role": "system", "content": header}]).messages[0]["content"]
+    assert inside == header  # only the top-level system is Claude Code's
 
 
 def test_tool_use_and_tool_result_become_tool_calls_and_tool_messages():
