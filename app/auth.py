@@ -28,5 +28,5 @@ class RequireApiKey:
         if not given and auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
         if not given or not hmac.compare_digest(given.encode("utf-8"), self._key):
-            raise APIError(401, "a valid API key is required: send `Authorization: Bearer <key>`",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise APIError(401, "a valid API key is required: send `Authorization: Bearer <key>` "
+                           "or `x-api-key: <key>`", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

@@ -11,6 +11,8 @@ from typing import Callable
 
 import falcon
 
+from app.anthropic import routes as anthropic_routes
+from app.anthropic.serving import Messages
 from app.auth import RequireApiKey
 from app.chat_page import ChatPageResource
 from app.engine.offload import run_blocking, spawn
@@ -62,6 +64,8 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
         app.add_route(f"{prefix}/sessions/{{session_id}}", sessions, suffix="one")
         app.add_route(f"{prefix}/responses", responses)
         app.add_route(f"{prefix}/responses/{{response_id}}", stored_responses)
+    anthropic_routes.add_routes(app, Messages(chat_service), settings.max_body_bytes,
+                                sse_keepalive=settings.sse_keepalive)
 
 
 def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.App:
@@ -77,7 +81,7 @@ def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.A
     middleware.append(RequireModel(state, open_paths=frozenset({"/", "/metrics"})))
     app = falcon.App(middleware=middleware, router=router)
     app.req_options.strip_url_path_trailing_slash = True
-    errors.install(app)
+    errors.install(app, anthropic_routes.error_envelopes())  # the Messages API's routes: Anthropic's
     app.add_route("/health", HealthResource(state))
     app.add_route("/metrics", MetricsResource(metrics))
     app.add_route("/", ChatPageResource(api_key_required=bool(settings.api_key)))

@@ -19,5 +19,6 @@ def test_spec_documents_every_route():
     for route in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id}",
                   "/v1/tokenize", "/v1/detokenize", "/v1/apply-template", "/health",
                   "/v1/sessions", "/v1/sessions/{session_id}", "/metrics", "/",
-                  "/v1/responses", "/v1/responses/{response_id}"):
+                  "/v1/responses", "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens",
+                  "/infill"):
         assert route in paths, route

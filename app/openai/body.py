@@ -33,6 +33,15 @@ def _depth(value: Any, limit: int) -> int:
     return depth
 
 
+def _has_lone_surrogate(body: Any) -> bool:
+    """Only a \\u escape can put one in (the bytes were valid UTF-8); the tokenizer refuses it."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def read_json(req: falcon.Request, max_bytes: int) -> Any:
     ctype = (req.content_type or "application/json").split(";")[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
@@ -61,4 +70,7 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if _depth(body, MAX_DEPTH) > MAX_DEPTH:
         raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+    if "\\u" in text and _has_lone_surrogate(body):
+        raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
+                       "which is not text", code="invalid_json")
     return body

@@ -1,9 +1,11 @@
-"""OpenAI-style errors: one exception type, one envelope, Falcon handlers for the rest."""
+"""OpenAI-style errors: one exception type, one envelope (another API's routes may take their own),
+Falcon handlers for the rest."""
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 import falcon
 
@@ -67,46 +69,70 @@ def to_api_error(ex: Exception) -> APIError:
     return APIError(500, "internal server error", code="internal_error")
 
 
-def _write(resp: falcon.Response, err: APIError) -> None:
-    resp.status = falcon.code_to_http_status(err.status)
-    resp.content_type = falcon.MEDIA_JSON
-    resp.text = json.dumps(err.to_dict())
-    for name, value in err.headers.items():
-        resp.set_header(name, value)
+# An API's error body for an APIError: OpenAI's envelope unless a route prefix names another.
+Envelope = Callable[[APIError], dict]
 
 
-def handle_api_error(req, resp, ex: APIError, params) -> None:
-    _write(resp, ex)
+def openai_envelope(err: APIError) -> dict:
+    return err.to_dict()
 
 
-def handle_http_error(req, resp, ex: falcon.HTTPError, params) -> None:
-    """Falcon's own errors (unknown route, wrong method, ...) in our envelope."""
-    status = ex.status_code
-    if status == 404:
-        message = f"no route for {req.method} {req.path}"
-        code = "not_found"
-    elif status == 405:
-        message = f"method {req.method} is not allowed on {req.path}"
-        code = "method_not_allowed"
-    else:
-        message = ex.description or ex.title or "request error"
-        code = (ex.code if isinstance(ex.code, str) else None) or None
-    err = APIError(status, message, code=code)
-    _write(resp, err)
-    for name, value in (ex.headers or {}).items():
-        if name.lower() != "content-type":
+class ErrorHandlers:
+    """Falcon error handlers writing each error in the envelope of the API its path belongs to.
+
+    `envelopes` maps path prefixes (e.g. "/v1/messages") to the envelope of another API; a
+    prefix covers itself and the paths under it. Every error takes it, wherever it was raised:
+    the route's own code, shared code, the auth or model-state middleware, Falcon's routing.
+    """
+
+    def __init__(self, envelopes: dict[str, Envelope] | None = None):
+        self.envelopes = dict(envelopes or {})
+
+    def envelope(self, path: str) -> Envelope:
+        for prefix, envelope in self.envelopes.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return envelope
+        return openai_envelope
+
+    def write(self, req, resp: falcon.Response, err: APIError) -> None:
+        resp.status = falcon.code_to_http_status(err.status)
+        resp.content_type = falcon.MEDIA_JSON
+        resp.text = json.dumps(self.envelope(req.path)(err))
+        for name, value in err.headers.items():
             resp.set_header(name, value)
 
+    def handle_api_error(self, req, resp, ex: APIError, params) -> None:
+        self.write(req, resp, ex)
 
-def handle_unexpected(req, resp, ex: Exception, params) -> None:
-    """Anything else: log it with its traceback, tell the client nothing internal."""
-    if isinstance(ex, falcon.HTTPError):
-        handle_http_error(req, resp, ex, params)
-        return
-    _write(resp, to_api_error(ex))
+    def handle_http_error(self, req, resp, ex: falcon.HTTPError, params) -> None:
+        """Falcon's own errors (unknown route, wrong method, ...) in our envelope."""
+        status = ex.status_code
+        if status == 404:
+            message = f"no route for {req.method} {req.path}"
+            code = "not_found"
+        elif status == 405:
+            message = f"method {req.method} is not allowed on {req.path}"
+            code = "method_not_allowed"
+        else:
+            message = ex.description or ex.title or "request error"
+            code = (ex.code if isinstance(ex.code, str) else None) or None
+        err = APIError(status, message, code=code)
+        self.write(req, resp, err)
+        for name, value in (ex.headers or {}).items():
+            if name.lower() != "content-type":
+                resp.set_header(name, value)
+
+    def handle_unexpected(self, req, resp, ex: Exception, params) -> None:
+        """Anything else: log it with its traceback, tell the client nothing internal."""
+        if isinstance(ex, falcon.HTTPError):
+            self.handle_http_error(req, resp, ex, params)
+            return
+        self.write(req, resp, to_api_error(ex))
 
 
-def install(app: falcon.App) -> None:
-    app.add_error_handler(Exception, handle_unexpected)
-    app.add_error_handler(falcon.HTTPError, handle_http_error)
-    app.add_error_handler(APIError, handle_api_error)
+def install(app: falcon.App, envelopes: dict[str, Envelope] | None = None) -> None:
+    """Our error handlers; `envelopes` gives the routes of other APIs (path prefix: envelope) their own."""
+    handlers = ErrorHandlers(envelopes)
+    app.add_error_handler(Exception, handlers.handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, handlers.handle_http_error)
+    app.add_error_handler(APIError, handlers.handle_api_error)

@@ -59,7 +59,8 @@ def cases():
     raw = [b"", b"{", b"}", b"[]", b"null", b"1", b'"str"', b"{\"messages\": [}", b"\xff\xfe\x00",
            b'{"messages": NaN}', b'{"messages": [], "temperature": Infinity}', b'{"temperature": -Infinity}',
            b"{" * 10000 + b"}" * 10000, b"[" * 500 + b"]" * 500, b'{"messages": "\xc3\x28"}',
-           b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 0}', b"\x00" * 100,
+           b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 0}',
+           b'{"messages": [{"role": "user", "content": "a\\udfffb"}], "max_tokens": 4}', b"\x00" * 100,
            b'{"a":' * 200 + b"1" + b"}" * 200, b"<xml/>", b"messages=hi"]
     for i, body in enumerate(raw):
         yield f"raw-{i}", "raw", body

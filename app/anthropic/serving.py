@@ -1,0 +1,176 @@
+"""Messages: the chat service prepares and runs the request; its deltas become content blocks.
+
+A request becomes the chat route's internal request (ChatCompletions.prepare renders the
+template, tokenizes, plans, compiles the tool_choice grammar); the one ChoicePipeline's
+deltas become Anthropic content blocks through `ContentBlocks`, whose events are the stream
+and whose fold is the whole message, so the two always agree.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+from app.engine import CancelToken, GenerationStats
+from app.openai.chat.protocol import ChatCompletionRequest
+from app.openai.chat.serving import ChatCompletions, PreparedChat
+from app.openai.common import check_model
+from app.openai.errors import APIError
+from app.openai.sse import Named
+from app.output import ChoicePipeline, ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
+
+from . import shapes
+from .protocol import MessagesRequest
+
+_ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def new_message_id() -> str:
+    return "msg_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's `toolu_…` form of the pipeline's call id (the same random part)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+@dataclass(frozen=True)
+class PreparedMessage:
+    chat: PreparedChat
+    id: str
+
+
+class ContentBlocks:
+    """Pipeline deltas in, Anthropic stream events out (content_block_start / _delta / _stop);
+    `blocks` is the fold of those events: the message's `content`.
+
+    Reasoning opens a thinking block, answer text a text block, each tool call a tool_use
+    block whose `input_json_delta`s are its arguments; a block closes when another kind of
+    delta comes.
+    """
+
+    def __init__(self) -> None:
+        self.blocks: list[dict[str, Any]] = []
+        self._open: int | None = None  # the index of the block deltas go to
+        self._tool_blocks: dict[int, int] = {}  # tool call index -> block index
+        self._arguments: dict[int, str] = {}  # block index -> its tool call's arguments so far
+
+    def push(self, delta: Delta) -> list[Named]:
+        if isinstance(delta, ReasoningDelta):
+            return self._add_text("thinking", delta.text, shapes.thinking_block, shapes.thinking_delta)
+        if isinstance(delta, ContentDelta):
+            return self._add_text("text", delta.text, shapes.text_block, shapes.text_delta)
+        if isinstance(delta, ToolCallStart):
+            events = self._close()
+            index = len(self.blocks)
+            self.blocks.append(shapes.tool_use_block(tool_use_id(delta.id), delta.name, {}))
+            self._tool_blocks[delta.index], self._arguments[index], self._open = index, "", index
+            events.append(shapes.content_block_start(index, shapes.tool_use_block(tool_use_id(delta.id),
+                                                                                  delta.name, {})))
+            return events
+        if isinstance(delta, ToolArgumentsDelta):
+            index = self._tool_blocks[delta.index]
+            self._arguments[index] += delta.fragment
+            return [shapes.content_block_delta(index, shapes.input_json_delta(delta.fragment))]
+        raise TypeError(f"not a pipeline delta: {delta!r}")
+
+    def finish(self) -> list[Named]:
+        """Close the last block; each tool_use block's `input` is its arguments, parsed."""
+        for index, arguments in self._arguments.items():
+            parsed = json.loads(arguments) if arguments.strip() else {}
+            self.blocks[index]["input"] = parsed if isinstance(parsed, dict) else {}
+        return self._close()
+
+    def _add_text(self, kind: str, text: str, block, delta) -> list[Named]:
+        key = "thinking" if kind == "thinking" else "text"
+        events = []
+        if self._open is None or self.blocks[self._open]["type"] != kind:
+            events = self._close()
+            self._open = len(self.blocks)
+            self.blocks.append(block())
+            events.append(shapes.content_block_start(self._open, block()))
+        self.blocks[self._open][key] += text
+        events.append(shapes.content_block_delta(self._open, delta(text)))
+        return events
+
+    def _close(self) -> list[Named]:
+        if self._open is None:
+            return []
+        index, self._open = self._open, None
+        return [shapes.content_block_stop(index)]
+
+
+def stop_reason(pipeline: ChoicePipeline) -> str | None:
+    finish = pipeline.finish_reason
+    if finish == "tool_calls":
+        return "tool_use"
+    if finish == "length":
+        return "max_tokens"
+    if finish == "stop":
+        return "stop_sequence" if pipeline.stop_sequence is not None else "end_turn"
+    return None
+
+
+def usage(stats: GenerationStats) -> dict[str, Any]:
+    return shapes.usage(stats.prompt_tokens, stats.cached_tokens, stats.completion_tokens)
+
+
+class Messages:
+    def __init__(self, chat: ChatCompletions):
+        self.chat = chat
+        self.model = chat.model
+
+    def chat_request(self, request: MessagesRequest) -> ChatCompletionRequest:
+        return ChatCompletionRequest(
+            model=request.model, messages=request.messages, params=request.params, stream=request.stream,
+            include_usage=False, tools=request.tools, parallel_tool_calls=request.parallel_tool_calls,
+            tool_choice=request.tool_choice, forced_tool=request.forced_tool,
+            response_format=request.response_format, logprobs=False, top_logprobs=0, n=1,
+            template_kwargs=request.template_kwargs, session_id=request.session_id)
+
+    def prepare(self, request: MessagesRequest) -> PreparedMessage:
+        """The chat service's preparation; `max_tokens` beyond the room the prompt leaves is
+        clamped to it (Claude Code asks 32,000 whatever the context), never refused."""
+        try:
+            prepared = self.chat.prepare(self.chat_request(request))
+        except APIError as e:
+            if e.code == "context_length_exceeded":  # the words Anthropic's clients look for
+                raise APIError(400, f"prompt is too long: {e.message}", code=e.code, param=e.param) from None
+            raise
+        generation = prepared.generation
+        if request.max_tokens is not None and request.max_tokens < generation.max_tokens:
+            prepared = replace(prepared, generation=replace(generation, max_tokens=request.max_tokens))
+        return PreparedMessage(prepared, new_message_id())
+
+    def count_tokens(self, request: MessagesRequest) -> dict[str, Any]:
+        """The prompt's tokens: what a request with this body reads (input_tokens + cache_read_input_tokens)."""
+        check_model(self.model, request.model)
+        prompt = self.chat.render_prompt(self.chat_request(request))
+        return shapes.token_count(len(self.model.tokenizer.encode(prompt)))
+
+    def complete(self, prepared: PreparedMessage, cancel: CancelToken) -> dict[str, Any]:
+        pipeline = self.chat.pipeline(prepared.chat, 0, cancel)
+        blocks = ContentBlocks()
+        for delta in pipeline:
+            blocks.push(delta)
+        blocks.finish()
+        return shapes.message(prepared.id, self.model.id, blocks.blocks, stop_reason(pipeline),
+                              pipeline.stop_sequence, usage(pipeline.stats))
+
+    def stream(self, prepared: PreparedMessage, cancel: CancelToken) -> Iterator[Named]:
+        """message_start, ping, each block's start / deltas / stop, message_delta, message_stop."""
+        prompt_tokens = len(prepared.chat.generation.prompt)
+        yield shapes.message_start(shapes.message(prepared.id, self.model.id, [], None, None,
+                                                  shapes.usage(prompt_tokens, 0, 0)))
+        yield shapes.ping()
+        pipeline = self.chat.pipeline(prepared.chat, 0, cancel)
+        blocks = ContentBlocks()
+        for delta in pipeline:
+            yield from blocks.push(delta)
+        if pipeline.cancelled:
+            return
+        yield from blocks.finish()
+        yield shapes.message_delta(stop_reason(pipeline), pipeline.stop_sequence, usage(pipeline.stats))
+        yield shapes.message_stop()
