@@ -31,9 +31,12 @@ def chat_prompt(served_model, system: str, user: str) -> tuple[list[int], int]:
     return ids, common_prefix(ids, render("?"))
 
 
-def generate(engine, ids, max_tokens, keep=None):
+def generate(engine, ids, max_tokens, keep=None, logprobs=None):
     gen = engine.generate(GenerationRequest(ids, max_tokens, GREEDY, frozenset(), keep=keep))
-    return [e.token_id for e in gen], gen.stats
+    events = list(gen)
+    if logprobs is not None:
+        logprobs.extend(e.logprob for e in events)
+    return [e.token_id for e in events], gen.stats
 
 
 def kept_tokens(prompt, out, context, keep):
@@ -60,15 +63,20 @@ def test_generation_goes_past_the_context_and_equals_a_fresh_run_on_the_kept_tok
     assert 350 < len(ids) < context - 40
     t = context + 1 - len(ids)  # tokens generated when the cache is full
     max_tokens = t + 40
-    out, stats = generate(engine, ids, max_tokens)
+    shifted_logprobs, fresh_logprobs = [], []
+    out, stats = generate(engine, ids, max_tokens, logprobs=shifted_logprobs)
     assert len(out) == max_tokens > context - len(ids)  # past the end of the context
     assert stats.finish_reason == "length" and stats.context_shifts == 1
 
     fresh_prompt, t, discard = kept_tokens(ids, out, context, keep)
     assert fresh_prompt[:keep] == ids[:keep]  # the system prompt is still there
+    live = engine._kv_tokens  # what the engine says its cache holds now
+    assert live == fresh_prompt + out[t:-1]
     fresh = Engine(model, prefix_reuse=False, session_cache_mib=0)
-    expected, _ = generate(fresh, fresh_prompt, len(out) - t)
+    expected, _ = generate(fresh, fresh_prompt, len(out) - t, logprobs=fresh_logprobs)
     assert out[t:] == expected
+    # not only the same argmax: the same distribution (up to the float error of other chunking)
+    assert max(abs(a - b) for a, b in zip(shifted_logprobs[t:], fresh_logprobs)) < 2e-3
 
     # the engine's keep comes from the request when --keep is not set (-1)
     hinted = Engine(model, context_shift=True)
