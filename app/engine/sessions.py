@@ -327,19 +327,30 @@ class DiskSessions:
                 return entry
         return None
 
-    def load(self, entry: DiskEntry) -> bytearray | None:
-        """The snapshot bytes of `entry`, or None (logged; the file dropped) if it is damaged."""
+    def read(self, entry: DiskEntry) -> bytearray:
+        """The snapshot bytes of `entry`, checked (CorruptFile if not); plain file work, no
+        locks, so it may run in a native thread (offload)."""
+        header, tokens = self._read_head(entry.path)
+        if tokens != entry.tokens:
+            raise CorruptFile("changed since start-up")
+        data = bytearray(int(header["data_bytes"]))
+        with open(entry.path, "rb") as f:
+            f.seek(-len(data), os.SEEK_END)
+            if f.readinto(data) != len(data):
+                raise CorruptFile("truncated")
+        if zlib.crc32(data) != header.get("data_crc"):
+            raise CorruptFile("damaged data")
         try:
-            header, tokens = self._read_head(entry.path)
-            if tokens != entry.tokens:
-                raise CorruptFile("changed since start-up")
-            data = bytearray(int(header["data_bytes"]))
-            with open(entry.path, "rb") as f:
-                f.seek(-len(data), os.SEEK_END)
-                if f.readinto(data) != len(data):
-                    raise CorruptFile("truncated")
-            if zlib.crc32(data) != header.get("data_crc"):
-                raise CorruptFile("damaged data")
+            os.utime(entry.path)  # the file's mtime is its last use, across restarts
+        except OSError:
+            pass
+        return data
+
+    def load(self, entry: DiskEntry, offload: Callable = lambda fn, *a: fn(*a)) -> bytearray | None:
+        """The snapshot bytes of `entry` (read through `offload`), or None (logged; the file
+        dropped) if it is damaged or gone."""
+        try:
+            data = offload(self.read, entry)
         except FileNotFoundError:
             self._drop(entry, unlink=False)
             return None
@@ -348,12 +359,7 @@ class DiskSessions:
             self.ignored += 1
             self._drop(entry, unlink=True)
             return None
-        now = time.time()
-        try:
-            os.utime(entry.path, (now, now))
-        except OSError:
-            pass
-        entry.used = now
+        entry.used = time.time()
         self.loads += 1
         return data
 
@@ -383,7 +389,7 @@ class DiskSessions:
                     return
                 tokens, data, session_id = self._pending.pop(0)
             try:
-                offload(self.write, tokens, data, session_id)
+                self.write(tokens, data, session_id, offload)
             except Exception as e:  # a full disk, a removed directory: the server goes on without it
                 self._warn("could not save a session state in %s: %s", self.directory, e)
 
@@ -391,30 +397,12 @@ class DiskSessions:
         """Wait until every queued state is written; False on timeout."""
         return self._idle.wait(timeout)
 
-    def write(self, tokens: tuple[int, ...], data: bytes | bytearray, session_id: str | None) -> DiskEntry | None:
-        """Write a state now (atomically), dropping the states it makes obsolete, then the
-        least recently used ones until all fit under the cap."""
-        n_caches, per = self.shape
-        token_raw = _token_bytes(tokens)
-        header = json.dumps({
-            "identity": self.identity, "n_caches": n_caches, "bytes_per_position": per,
-            "n_tokens": len(tokens), "data_bytes": len(data), "tokens_crc": zlib.crc32(token_raw),
-            "data_crc": zlib.crc32(data), "session_id": session_id, "written": time.time(),
-        }).encode()
-        name = f"{self.identity[:12]}-{hashlib.sha1(token_raw).hexdigest()[:24]}.kv"
-        path = self.directory / name
-        tmp = self.directory / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(DISK_MAGIC + _U32.pack(len(header)) + header + token_raw)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            _unlink(tmp)
-            raise
-        size = path.stat().st_size
+    def write(self, tokens: tuple[int, ...], data: bytes | bytearray, session_id: str | None,
+              offload: Callable = lambda fn, *a: fn(*a)) -> DiskEntry | None:
+        """Write a state now (atomically, the file work through `offload`), dropping the states
+        it makes obsolete, then the least recently used ones until all fit under the cap."""
+        path, size = offload(self._write_file, tokens, data, session_id)
+        name = path.name
         entry = DiskEntry(path, tokens, size, session_id, time.time())
         obsolete = []
         with self._lock:
@@ -435,6 +423,31 @@ class DiskSessions:
         self._evict_to(self.max_bytes, keep=name)
         self.writes += 1
         return entry
+
+    def _write_file(self, tokens: tuple[int, ...], data: bytes | bytearray,
+                    session_id: str | None) -> tuple[Path, int]:
+        """The file work of `write`: no locks, so it may run in a native thread."""
+        n_caches, per = self.shape
+        token_raw = _token_bytes(tokens)
+        header = json.dumps({
+            "identity": self.identity, "n_caches": n_caches, "bytes_per_position": per,
+            "n_tokens": len(tokens), "data_bytes": len(data), "tokens_crc": zlib.crc32(token_raw),
+            "data_crc": zlib.crc32(data), "session_id": session_id, "written": time.time(),
+        }).encode()
+        name = f"{self.identity[:12]}-{hashlib.sha1(token_raw).hexdigest()[:24]}.kv"
+        path = self.directory / name
+        tmp = self.directory / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(DISK_MAGIC + _U32.pack(len(header)) + header + token_raw)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        return path, path.stat().st_size
 
     def forget_session(self, session_id: str) -> bool:
         with self._lock:
@@ -652,7 +665,7 @@ class KvSessions:
                     self.saves += 1
         self.owner = session_id
         if entry is not None and self.usable():
-            data = self._offload(self.disk.load, entry)
+            data = self.disk.load(entry, self._offload)
             if data is not None:
                 from .native import NativeError
 

@@ -219,3 +219,39 @@ def test_the_page_is_served_and_says_so_when_the_model_cannot_load(broken_model_
     open_page(browser, srv)
     assert "failed to load" in browser.find_element(By.ID, "status").text
     assert browser.find_element(By.ID, "send").get_attribute("disabled")
+
+
+LONG_QUESTION = ("Here are my notes about lighthouses. " + "A lighthouse keeper trims the wick, winds the clockwork "
+                 "that turns the lens, logs the weather and watches for ships in trouble. " * 14
+                 + "What does a keeper do at dusk?")
+
+
+def test_a_progress_bar_shows_while_the_prompt_is_read(make_server, browser):
+    srv = make_server({"ETSERVE_PREFILL_CHUNK": "4"})  # many small chunks: a slow, visible prefill
+    probe = requests.post(srv.base_url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True, "return_progress": True})
+    if probe.status_code == 400 and probe.json()["error"].get("param") == "return_progress":
+        pytest.skip("this server does not take return_progress yet (its API wiring, issue 13)")
+    assert probe.status_code == 200 and "prompt_progress" in probe.text
+
+    open_page(browser, srv, "?temperature=0&max_tokens=4")
+    ask(browser, LONG_QUESTION)
+    bars = []
+    deadline = time.monotonic() + 120
+    while last_reply(browser).get_attribute("data-state") not in ("done", "stopped", "error"):
+        assert time.monotonic() < deadline, "the reply never finished"
+        shown = browser.execute_script(
+            "const r = document.querySelector('.msg.assistant:last-child .reading');"
+            "return r ? [r.querySelector('.fill').style.width, r.textContent] : null;")
+        if shown:
+            bars.append(shown)
+        time.sleep(0.02)
+    assert last_reply(browser).get_attribute("data-state") == "done"
+    assert bars, "no progress bar was shown while the prompt was read"
+    assert all(re.fullmatch(r"reading the prompt: \d+ / \d+ tokens( \(\d+ cached\))?", text) for _, text in bars)
+    reports = browser.execute_script("return etserveChat.chat.progress")
+    processed = [p["processed"] for p in reports]
+    assert len(reports) >= 3 and processed == sorted(processed)
+    assert processed[-1] == reports[-1]["total"] and reports[0]["processed"] == reports[0]["cache"]
+    assert not last_reply(browser).find_elements(By.CLASS_NAME, "reading")  # gone once the reply came
+    assert reply_text(browser)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 
-import pytest
 
 from app.engine.offload import spawn
 from app.engine.sessions import DiskSessions, model_identity
