@@ -41,7 +41,9 @@ class ChatCompletions:
         source = model.tokenizer.chat_template or ""
         self._template_takes_tools = template_supports_tools(source)
 
-    def render_prompt(self, request: ChatCompletionRequest) -> str:
+    def render_prompt(self, request: ChatCompletionRequest, *, system_only: bool = False) -> str:
+        """The prompt the model's template writes for `request`; with `system_only`, just its
+        leading system turn (with the tools the template puts there)."""
         if self.model.template is None:
             raise APIError(400, "this model has no chat template", code="no_chat_template")
         messages, tools = request.messages, request.tools
@@ -49,12 +51,25 @@ class ChatCompletions:
             messages = [calls_as_text(m) for m in messages]
             if tools:
                 messages, tools = with_tools_system_prompt(messages, tools), None
+        if system_only:
+            messages = messages[:1] if messages and messages[0].get("role") == "system" else []
         kwargs = {"enable_thinking": False} if self.model.no_think else {}  # --no-think; the request wins
         try:
-            return self.model.template.render(messages, tools=tools, add_generation_prompt=True,
+            return self.model.template.render(messages, tools=tools, add_generation_prompt=not system_only,
                                               **(kwargs | request.template_kwargs))
         except TemplateError as e:
             raise APIError(400, str(e), code="invalid_prompt", param="messages") from None
+
+    def _system_tokens(self, request: ChatCompletionRequest, tokens: list[int]) -> int:
+        """How many of the prompt's tokens are its system turn: what a context shift keeps."""
+        try:
+            system = self.model.tokenizer.encode(self.render_prompt(request, system_only=True))
+        except APIError:  # a template that insists on a user turn: keep nothing in particular
+            return 0
+        n = 0
+        while n < min(len(system), len(tokens)) and system[n] == tokens[n]:
+            n += 1
+        return n
 
     def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         """Everything that can fail because of the request fails here, before any output."""
@@ -67,6 +82,8 @@ class ChatCompletions:
                                      session_id=request.session_id, report_progress=request.return_progress)
         if request.top_logprobs:
             generation = replace(generation, top_logprobs=request.top_logprobs)
+        if self.model.engine.context_shift:  # --context-shift keeps the system turn (unless --keep says)
+            generation = replace(generation, keep=self._system_tokens(request, tokens))
         constraint = output_constraint(request, self.model.grammars)
         if constraint is not None:
             generation = replace(generation, constraint=constraint)
