@@ -56,8 +56,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the rest and goes on (max_tokens may then exceed the room the prompt leaves); off: it stops "
             "with finish_reason length", switch=True),
     Setting("keep", "ETSERVE_KEEP", "--keep", "-1",
-            "with --context-shift: tokens at the start of the context a shift never drops; -1: the "
-            "system prompt's when the request says (GenerationRequest.keep), else 0"),
+            "with --context-shift: tokens at the start of the context a shift never drops; -1: a chat's "
+            "system turn (with its tools), nothing for completions"),
     Setting("max_tokens_cap", "ETSERVE_MAX_TOKENS_CAP", "--max-tokens-cap", "0",
             "most tokens one choice may generate, whatever max_tokens asks (like llama.cpp's -n); "
             "a capped choice ends with finish_reason length; 0: no cap"),
