@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = f" = {result['install_bytes'] / result['dev_venv_bytes']:.3f} of the development venv " \
             f"({result['dev_venv_bytes'] / 1e6:.0f} MB)" if "dev_venv_bytes" in result else ""
     print(f"serve-only install on disk      {result['install_bytes'] / 1e6:.0f} MB{ratio}")
-    print(f"start to ready /health          {result['ready_seconds']:.2f} s (manifest check: {result['manifest_check']})")
+    print(f"start to ready /health          {result['ready_seconds']:.2f} s "
+          f"(manifest check: {result['manifest_check']})")
     print(f"worker RSS idle                 {mem(result['worker_idle'])}")
     print(f"worker RSS after a request      {mem(result['worker_after_request'])} "
           f"({result['completion_tokens']} tokens generated)")

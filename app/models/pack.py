@@ -3,7 +3,7 @@
     python -m app.models pack NAME [build options] [--dest DIR]   DIR/NAME-VARIANT.tar (+ .sha256)
     python -m app.models unpack ARCHIVE [--out MODEL_DIR]         checked, then MODEL_DIR
 
-The archive is a plain tar (gzip takes fp32 weights to ~70%, quantized ones barely; plain, it
+The archive is a plain tar (gzip takes fp32 weights to ~70%, 8da4w ones to ~87%; plain, it
 unpacks at disk speed and with any tar) of one directory, NAME-VARIANT/: the build's etserve.json
 first (a partial extraction is then refused by the server, not served), then its files in name
 order, with fixed owners, modes and times, so one build always packs to the same bytes. Its

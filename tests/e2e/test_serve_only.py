@@ -128,8 +128,8 @@ def unpacked_model(serve_venv, model_dir, box):
     assert (archive.parent / (archive.name + ".sha256")).is_file()
     target = box / "models" / "smollm2"
     try:
-        out = _run([str(serve_venv / "bin" / "python"), "-m", "app.models", "unpack", str(archive), "--out", str(target)],
-                   cwd=box, env=_box_env())
+        out = _run([str(serve_venv / "bin" / "python"), "-m", "app.models", "unpack", str(archive),
+                    "--out", str(target)], cwd=box, env=_box_env())
         assert out.stdout.strip() == str(target)
         assert BLOCKED_MARK not in out.stderr, out.stderr
         yield target
@@ -251,7 +251,8 @@ def _another_builds_manifest(path: Path) -> None:
     ("tokenizer.json", _flip_a_byte, "tokenizer.json", "tokenizer.json does not match its SHA-256 in etserve.json"),
     ("model.pte", _truncate_pte, "model.pte", "model.pte has 1048576 bytes where etserve.json says"),
     ("etserve.json", lambda p: p.write_text(p.read_text()[:-20]), "etserve.json", "etserve.json is not valid JSON"),
-    ("etserve.json", _another_builds_manifest, "model.pte", "model.pte has max_seq_len 512 where etserve.json says 1024"),
+    ("etserve.json", _another_builds_manifest, "model.pte",
+     "model.pte has max_seq_len 512 where etserve.json says 1024"),
 ], ids=["changed-tokenizer", "truncated-pte", "broken-manifest", "mismatched-manifest"])
 def test_a_corrupted_or_mismatched_model_is_refused_at_start(serve_venv, box, model_dir, tmp_path, changed, change,
                                                              named, problem):
