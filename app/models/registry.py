@@ -12,7 +12,7 @@ from typing import Optional
 
 DEFAULT_MAX_SEQ_LEN = 2048
 # ExecuTorch's standard LLM export (llama::custom_sdpa / llama::update_cache), which our own
-# kernels in native/src/llm_ops.cpp run; --no-custom-ops gives the portable fallback.
+# kernels in native/src/ (llm_ops.cpp registers them) run; --no-custom-ops gives the portable fallback.
 DEFAULT_CUSTOM_OPS = True
 QUANTIZE_CHOICES = ("none", "8da4w")
 # Embedding tables: "none" (fp32) or 4-bit groupwise (quantized_decomposed::embedding_4bit,

@@ -1,6 +1,7 @@
 """Tests of etserve's own kernels for ExecuTorch's LLM custom operators
-(native/src/llm_ops.cpp): against plain numpy references through the C test
-entry points, and end to end through a real .pte that calls
+(native/src/llm_kernels.cpp, attention.cpp, registered by llm_ops.cpp): against
+plain numpy references through the C test entry points of libetserve_test.so,
+which call them through the runtime's kernel registry, and end to end through a real .pte that calls
 llama::update_cache / llama::custom_sdpa, run by our library.
 
     make -C native && pytest tests/native/test_llm_ops.py
@@ -24,8 +25,8 @@ c_i64 = ctypes.c_int64
 
 
 @pytest.fixture(scope="module")
-def lib(etserve_lib):
-    L = etserve_lib
+def lib(etserve_test_lib):
+    L = etserve_test_lib
     L.etserve_test_custom_sdpa.argtypes = [
         F32P, c_int, c_int, c_int, c_int, F32P, F32P, c_int, c_int, c_i64,
         c_int, F32P, ctypes.c_float, F32P,
