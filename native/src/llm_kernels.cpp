@@ -21,7 +21,10 @@ const char* dtype_name(ScalarType t) {
     case ScalarType::Half: return "Half";
     case ScalarType::BFloat16: return "BFloat16";
     case ScalarType::Double: return "Double";
-    default: return "non-float";
+    case ScalarType::Char: return "Char (int8)";
+    case ScalarType::Byte: return "Byte (uint8)";
+    case ScalarType::Long: return "Long";
+    default: return "another type";
   }
 }
 
@@ -71,20 +74,71 @@ bool copy_into_cache(KernelRuntimeContext& ctx, const char* op, const Tensor& va
   return true;
 }
 
+// The int8 operands' quantization parameters (custom_quantized_sdpa): scale
+// (float) and zero point (int8) per (batch, position, head), [B, S, H, 1].
+struct QuantParams {
+  const Tensor* q_zp;
+  const Tensor* q_scale;
+  const Tensor* k_zp;
+  const Tensor* k_scale;
+  const Tensor* v_zp;
+  const Tensor* v_scale;
+};
+
+// Checks one int8 operand's parameters against its shape and fills `x`.
+bool quant_operand(KernelRuntimeContext& ctx, const char* op, const char* name, const Tensor& t,
+                   const Tensor* zp, const Tensor* sc, AttnOperand* x) {
+  ET_KERNEL_CHECK_MSG(ctx, zp != nullptr && sc != nullptr, InvalidArgument, false,
+                      "%s: %s needs a scale and a zero point", op, name);
+  ET_KERNEL_CHECK_MSG(ctx, sc->scalar_type() == ScalarType::Float &&
+                               zp->scalar_type() == ScalarType::Char,
+                      InvalidArgument, false,
+                      "%s: %s scale must be float32 and zero point int8, got %s and %s", op,
+                      name, dtype_name(sc->scalar_type()), dtype_name(zp->scalar_type()));
+  for (const Tensor* p : {sc, zp}) {
+    ET_KERNEL_CHECK_MSG(ctx, p->dim() == 4 && p->size(0) == t.size(0) &&
+                                 p->size(1) == t.size(1) && p->size(2) == t.size(2) &&
+                                 p->size(3) == 1,
+                        InvalidArgument, false,
+                        "%s: %s scale and zero point must be [%lld, %lld, %lld, 1]", op, name,
+                        (long long)t.size(0), (long long)t.size(1), (long long)t.size(2));
+  }
+  const auto ts = t.strides(), ss = sc->strides(), zs = zp->strides();
+  x->i8 = t.const_data_ptr<int8_t>();
+  x->sb = ts[0], x->ss = ts[1], x->sh = ts[2];
+  x->scale = sc->const_data_ptr<float>();
+  x->sc_sb = ss[0], x->sc_ss = ss[1], x->sc_sh = ss[2];
+  x->zero_point = zp->const_data_ptr<int8_t>();
+  x->zp_sb = zs[0], x->zp_ss = zs[1], x->zp_sh = zs[2];
+  return true;
+}
+
+void f32_operand(const Tensor& t, AttnOperand* x) {
+  const auto ts = t.strides();
+  x->f32 = t.const_data_ptr<float>();
+  x->sb = ts[0], x->ss = ts[1], x->sh = ts[2];
+}
+
 // Validates and runs attention of q over the caches with `n_kv_nomask` keys
-// visible when there is no mask (all cache rows with one).
+// visible when there is no mask (all cache rows with one). fp32 operands
+// without `qp`, int8 ones with it.
 void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& q,
                        const Tensor& kc, const Tensor& vc, int64_t start_pos,
                        int64_t n_kv_nomask, const std::optional<Tensor>& mask,
-                       bool is_causal, const std::optional<double>& scale, Tensor& out) {
+                       bool is_causal, const std::optional<double>& scale, Tensor& out,
+                       const QuantParams* qp = nullptr) {
   ET_KERNEL_CHECK_MSG(ctx, q.dim() == 4 && kc.dim() == 4 && vc.dim() == 4, InvalidArgument, ,
                       "%s: query and caches must be 4-D", op);
-  for (const Tensor* t : {&q, &kc, &vc, static_cast<const Tensor*>(&out)}) {
-    ET_KERNEL_CHECK_MSG(ctx, t->scalar_type() == ScalarType::Float, InvalidArgument, ,
-                        "%s: only float32 is supported by etserve's kernels, got %s "
-                        "(export the model in fp32)",
-                        op, dtype_name(t->scalar_type()));
+  const ScalarType want = qp ? ScalarType::Char : ScalarType::Float;
+  for (const Tensor* t : {&q, &kc, &vc}) {
+    ET_KERNEL_CHECK_MSG(ctx, t->scalar_type() == want, InvalidArgument, ,
+                        "%s: query and caches must be %s for etserve's kernels, got %s%s", op,
+                        qp ? "int8" : "float32", dtype_name(t->scalar_type()),
+                        qp ? "" : " (export the model in fp32)");
   }
+  ET_KERNEL_CHECK_MSG(ctx, out.scalar_type() == ScalarType::Float, InvalidArgument, ,
+                      "%s: only float32 output is supported by etserve's kernels, got %s", op,
+                      dtype_name(out.scalar_type()));
   const int64_t B = q.size(0), S = q.size(1), H = q.size(2), D = q.size(3);
   const int64_t Smax = kc.size(1), Hkv = kc.size(2);
   ET_KERNEL_CHECK_MSG(ctx, kc.size(0) == B && vc.size(0) == B && kc.size(3) == D &&
@@ -120,6 +174,17 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
                         "%s: start_pos %lld + seq_len %lld exceeds the cache (%lld)", op,
                         (long long)start_pos, (long long)(n_kv - start_pos), (long long)Smax);
   }
+  AttnArgs a;
+  if (qp) {
+    if (!quant_operand(ctx, op, "query", q, qp->q_zp, qp->q_scale, &a.q) ||
+        !quant_operand(ctx, op, "key", kc, qp->k_zp, qp->k_scale, &a.k) ||
+        !quant_operand(ctx, op, "value", vc, qp->v_zp, qp->v_scale, &a.v))
+      return;
+  } else {
+    f32_operand(q, &a.q);
+    f32_operand(kc, &a.k);
+    f32_operand(vc, &a.v);
+  }
   ET_KERNEL_CHECK_MSG(
       ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, InvalidArgument, ,
       "%s: cannot resize out to the query's shape", op);
@@ -127,14 +192,7 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
                       "%s: out innermost dim must be contiguous", op);
   if (q.numel() == 0) return;
 
-  AttnArgs a;
-  const auto qs = q.strides(), ks = kc.strides(), vs = vc.strides(), os = out.strides();
-  a.q = q.const_data_ptr<float>();
-  a.q_sb = qs[0], a.q_ss = qs[1], a.q_sh = qs[2];
-  a.k = kc.const_data_ptr<float>();
-  a.k_sb = ks[0], a.k_ss = ks[1], a.k_sh = ks[2];
-  a.v = vc.const_data_ptr<float>();
-  a.v_sb = vs[0], a.v_ss = vs[1], a.v_sh = vs[2];
+  const auto os = out.strides();
   a.o = out.mutable_data_ptr<float>();
   a.o_sb = os[0], a.o_ss = os[1], a.o_sh = os[2];
   a.B = B, a.S = S, a.H = H, a.Hkv = Hkv, a.D = D;
@@ -231,6 +289,27 @@ Tensor& sdpa_with_kv_cache_out(KernelRuntimeContext& ctx, const Tensor& q,
   if (!copy_into_cache(ctx, op, v, v_cache, start_pos)) return out;
   attention_checked(ctx, op, q, k_cache, v_cache, start_pos, start_pos + seq_len, mask,
                     is_causal, scale, out);
+  return out;
+}
+
+Tensor& custom_quantized_sdpa_out(
+    KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+    int64_t start_pos, const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
+    const std::optional<double>& scale, const std::optional<Tensor>& q_zero_points,
+    const std::optional<Tensor>& q_scales, const std::optional<Tensor>& k_zero_points,
+    const std::optional<Tensor>& k_scales, const std::optional<Tensor>& v_zero_points,
+    const std::optional<Tensor>& v_scales, bool is_seq_at_dim_2, Tensor& out) {
+  (void)dropout_p;
+  const char* op = "llama::custom_quantized_sdpa";
+  ET_KERNEL_CHECK_MSG(ctx, !is_seq_at_dim_2, InvalidArgument, out,
+                      "%s: only [B, S, H, D] operands (is_seq_at_dim_2=False) are supported",
+                      op);
+  auto p = [](const std::optional<Tensor>& t) { return t.has_value() ? &*t : nullptr; };
+  const QuantParams qp{p(q_zero_points), p(q_scales), p(k_zero_points),
+                       p(k_scales),      p(v_zero_points), p(v_scales)};
+  const int64_t S = q.dim() == 4 ? q.size(1) : 0;
+  attention_checked(ctx, op, q, k, v, start_pos, start_pos + S, mask, is_causal, scale, out,
+                    &qp);
   return out;
 }
 

@@ -16,6 +16,14 @@
 //   sdpa_with_kv_cache(q, k, v, k_cache, v_cache, start_pos, seq_len, ...):
 //     update_cache for k and v, then attention as above over start_pos+seq_len
 //     keys (all Smax with a mask).
+//   custom_quantized_sdpa(q, k_cache, v_cache, start_pos, mask, dropout,
+//                         is_causal, scale, q_zp, q_scale, k_zp, k_scale,
+//                         v_zp, v_scale, is_seq_at_dim_2):
+//     custom_sdpa over int8 operands, each dequantized per (batch, position,
+//     head) as (x - zp) * scale ([B, S, H, 1] float scales, int8 zero points):
+//     the attention of ExecuTorch's quantize_kv_cache export, whose
+//     update_cache calls write the int8 caches and their parameters. Only
+//     is_seq_at_dim_2 = False ([B, S, H, D], as the exporter emits it).
 //
 // The cache-writing kernels also report the cache tensors they are handed to
 // the running forward call's KV recorder (kv_cache.h): that is how the runtime
@@ -50,5 +58,13 @@ Tensor& sdpa_with_kv_cache_out(KernelRuntimeContext& ctx, const Tensor& q,
                                const std::optional<Tensor>& mask, double dropout_p,
                                bool is_causal, const std::optional<double>& scale,
                                Tensor& out);
+
+Tensor& custom_quantized_sdpa_out(
+    KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+    int64_t start_pos, const std::optional<Tensor>& mask, double dropout_p, bool is_causal,
+    const std::optional<double>& scale, const std::optional<Tensor>& q_zero_points,
+    const std::optional<Tensor>& q_scales, const std::optional<Tensor>& k_zero_points,
+    const std::optional<Tensor>& k_scales, const std::optional<Tensor>& v_zero_points,
+    const std::optional<Tensor>& v_scales, bool is_seq_at_dim_2, Tensor& out);
 
 }  // namespace etserve

@@ -129,11 +129,30 @@ void boxed_sdpa_with_kv_cache(KernelRuntimeContext& ctx, Span<EValue*> stack) {
                          stack[11]->toTensor());
 }
 
+// custom_quantized_sdpa.out(Tensor query, Tensor key, Tensor value, SymInt start_pos,
+//   Tensor? attn_mask=None, float drpout_p=0., bool is_causal=False, float? scale=None,
+//   Tensor? q_zero_points=None, Tensor? q_scales=None, Tensor? k_zero_points=None,
+//   Tensor? k_scales=None, Tensor? v_zero_points=None, Tensor? v_scales=None,
+//   bool is_seq_at_dim_2=False, *, Tensor(a!) out)
+void boxed_custom_quantized_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  const char* op = "llama::custom_quantized_sdpa.out";
+  if (!check_stack(ctx, stack, 16, op) || !is_tensor_args(ctx, stack, {0, 1, 2, 15}, op) ||
+      !is_int_args(ctx, stack, {3}, op))
+    return;
+  custom_quantized_sdpa_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(),
+                            stack[2]->toTensor(), stack[3]->toInt(), opt_tensor(stack[4]),
+                            as_double(stack[5], 0.0), as_bool(stack[6]), opt_double(stack[7]),
+                            opt_tensor(stack[8]), opt_tensor(stack[9]), opt_tensor(stack[10]),
+                            opt_tensor(stack[11]), opt_tensor(stack[12]), opt_tensor(stack[13]),
+                            as_bool(stack[14]), stack[15]->toTensor());
+}
+
 const Kernel kKernels[] = {
     Kernel("llama::update_cache.out", boxed_update_cache),
     Kernel("llama::update_cache_with_indices.out", boxed_update_cache_with_indices),
     Kernel("llama::custom_sdpa.out", boxed_custom_sdpa),
     Kernel("llama::sdpa_with_kv_cache.out", boxed_sdpa_with_kv_cache),
+    Kernel("llama::custom_quantized_sdpa.out", boxed_custom_quantized_sdpa),
 };
 constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 

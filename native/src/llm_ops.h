@@ -1,12 +1,13 @@
 /*
  * etserve's own kernels for the ExecuTorch LLM custom operators
  * (`llama::update_cache.out`, `llama::custom_sdpa.out`,
- * `llama::sdpa_with_kv_cache.out`), registered with the runtime's kernel
+ * `llama::sdpa_with_kv_cache.out`, `llama::custom_quantized_sdpa.out`), registered with the runtime's kernel
  * registry by a static initializer of llm_ops.cpp when libetserve.so loads
  * (the kernels themselves: llm_kernels.h, attention.h).
  *
- * fp32 only for attention (fp16/bf16 are refused with a logged error and a
- * failed kernel call); update_cache copies any dtype as long as value and
+ * Attention over fp32, or int8 with per-token scales and zero points
+ * (custom_quantized_sdpa); fp16/bf16 are refused with a logged error and a
+ * failed kernel call. update_cache copies any dtype as long as value and
  * cache agree.
  */
 #ifndef ETSERVE_LLM_OPS_H

@@ -228,4 +228,32 @@ inline void weighted_acc(const float* p, int64_t n, const float* v, int64_t vs,
   }
 }
 
+// dst[0..n) = (x[0..n) - zero_point) * scale: one int8 row dequantized.
+inline void dequant_row(const int8_t* x, int64_t n, float scale, int32_t zero_point, float* dst) {
+  int64_t d = 0;
+#ifdef ETS_AVX2
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256 vz = _mm256_set1_ps(static_cast<float>(zero_point));
+  for (; d + 8 <= n; d += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + d));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_sub_ps(f, vz), vs));
+  }
+#endif
+  for (; d < n; ++d) dst[d] = (static_cast<float>(x[d]) - static_cast<float>(zero_point)) * scale;
+}
+
+// x[0..n) *= s.
+inline void scale_row(float* x, int64_t n, float s) {
+  int64_t d = 0;
+#ifdef ETS_AVX2
+  const __m256 vs = _mm256_set1_ps(s);
+  for (; d + 8 <= n; d += 8) _mm256_storeu_ps(x + d, _mm256_mul_ps(_mm256_loadu_ps(x + d), vs));
+#endif
+  for (; d < n; ++d) x[d] *= s;
+}
+
+// Returns max(p[0..n)) (-inf for n == 0).
+inline float max_of(const float* p, int64_t n) { return add_max(const_cast<float*>(p), nullptr, n); }
+
 }  // namespace etserve::simd

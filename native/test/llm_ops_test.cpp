@@ -97,6 +97,48 @@ ETS_TEST_API int etserve_test_update_cache(const float* value, int B, int S, int
                                              EValue(start_pos), EValue(to.tensor())});
 }
 
+/* update_cache over any element type: `dtype` is the ScalarType of value and
+ * cache (e.g. 1 int8/Char, 6 Float). */
+ETS_TEST_API int etserve_test_update_cache_typed(int dtype, const void* value, int B, int S,
+                                                 int H_kv, int D, void* cache, int S_max,
+                                                 int64_t start_pos) {
+  const ScalarType t = static_cast<ScalarType>(dtype);
+  TensorBuf tv(t, {B, S, H_kv, D}, value);
+  TensorBuf tc(t, {B, S_max, H_kv, D}, cache);
+  alignas(8) int64_t dummy = 0;
+  TensorBuf to(t, {1}, &dummy);
+  return call_op("llama::update_cache.out", {EValue(tv.tensor()), EValue(tc.tensor()),
+                                             EValue(start_pos), EValue(to.tensor())});
+}
+
+/* custom_quantized_sdpa over int8 q [B,S,H,D], caches [B,S_max,H_kv,D], each with
+ * float scales and int8 zero points per (b, position, head): [B, S|S_max, H|H_kv]. */
+ETS_TEST_API int etserve_test_custom_quantized_sdpa(
+    const int8_t* q, const float* q_scale, const int8_t* q_zp, int B, int S, int H, int D,
+    const int8_t* k, const float* k_scale, const int8_t* k_zp, const int8_t* v,
+    const float* v_scale, const int8_t* v_zp, int S_max, int H_kv, int64_t start_pos,
+    int is_causal, const float* mask, float scale, float* out) {
+  TensorBuf tq(ScalarType::Char, {B, S, H, D}, q);
+  TensorBuf tqs(ScalarType::Float, {B, S, H, 1}, q_scale);
+  TensorBuf tqz(ScalarType::Char, {B, S, H, 1}, q_zp);
+  TensorBuf tk(ScalarType::Char, {B, S_max, H_kv, D}, k);
+  TensorBuf tks(ScalarType::Float, {B, S_max, H_kv, 1}, k_scale);
+  TensorBuf tkz(ScalarType::Char, {B, S_max, H_kv, 1}, k_zp);
+  TensorBuf tv(ScalarType::Char, {B, S_max, H_kv, D}, v);
+  TensorBuf tvs(ScalarType::Float, {B, S_max, H_kv, 1}, v_scale);
+  TensorBuf tvz(ScalarType::Char, {B, S_max, H_kv, 1}, v_zp);
+  TensorBuf to(ScalarType::Float, {B, S, H, D}, out);
+  std::optional<TensorBuf> tm;
+  if (mask) tm.emplace(ScalarType::Float, std::initializer_list<int64_t>{S, S_max}, mask);
+  return call_op("llama::custom_quantized_sdpa.out",
+                 {EValue(tq.tensor()), EValue(tk.tensor()), EValue(tv.tensor()),
+                  EValue(start_pos), tm ? EValue(tm->tensor()) : EValue(), EValue(0.0),
+                  EValue(is_causal != 0), opt_scale(scale), EValue(tqz.tensor()),
+                  EValue(tqs.tensor()), EValue(tkz.tensor()), EValue(tks.tensor()),
+                  EValue(tvz.tensor()), EValue(tvs.tensor()), EValue(false),
+                  EValue(to.tensor())});
+}
+
 /* The fused legacy op: k, v [B, S, H_kv, D] written into the caches, then
  * attention as custom_sdpa. */
 ETS_TEST_API int etserve_test_sdpa_with_kv_cache(const float* q, const float* k,
