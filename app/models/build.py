@@ -13,7 +13,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Optional
 
-from .registry import BuildOptions, ModelSpec, get_spec, model_dir
+from .registry import PREFILL_MAX_TOKENS, BuildOptions, ModelSpec, get_spec, model_dir
 
 MANIFEST = "etserve.json"
 MANIFEST_VERSION = 1
@@ -45,6 +45,7 @@ def manifest_matches(manifest: Optional[dict[str, Any]], spec: ModelSpec, option
         and manifest.get("quantize") == options.quantize
         and manifest.get("custom_ops") == options.custom_ops
         and manifest.get("embedding_quantize", "none") == options.embedding_quantize
+        and manifest.get("kv_cache", "fp32") == options.kv_cache
         and manifest.get("group_size") == (spec.group_size if options.quantize != "none" else None)
     )
 
@@ -141,6 +142,8 @@ def build(
                 "group_size": spec.group_size if options.quantize != "none" else None,
                 "custom_ops": options.custom_ops,
                 "embedding_quantize": options.embedding_quantize,
+                "kv_cache": options.kv_cache,
+                "prefill_max_tokens": min(options.max_seq_len, PREFILL_MAX_TOKENS + 1) - 1,
                 "variant": options.variant,
                 "vocab_size": params["vocab_size"],
                 "eos_token_ids": tok_cfg["eos_token_ids"],
