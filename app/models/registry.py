@@ -136,7 +136,8 @@ def resolve_options(
         quantize=spec.default_quantize if quantize is None else quantize,
         custom_ops=DEFAULT_CUSTOM_OPS if custom_ops is None else bool(custom_ops),
         embedding_quantize=spec.default_embedding_quantize if embedding_quantize is None else embedding_quantize,
-        kv_cache=spec.default_kv_cache if kv_cache is None else kv_cache,
+        # the quantized cache is written by the custom ops only: without them, fp32 unless asked
+        kv_cache=(spec.default_kv_cache if custom_ops is not False else "fp32") if kv_cache is None else kv_cache,
     )
     if opts.quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {opts.quantize!r}")
