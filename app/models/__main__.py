@@ -8,16 +8,17 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .registry import (DEFAULT_MAX_SEQ_LEN, EMBEDDING_QUANTIZE_CHOICES, MODELS, QUANTIZE_CHOICES, model_dir,
-                       resolve_options)
+from .registry import EMBEDDING_QUANTIZE_CHOICES, KV_CACHE_CHOICES, MODELS, QUANTIZE_CHOICES, model_dir, resolve_options
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=sorted(MODELS), help="model name")
-    p.add_argument("--max-seq-len", type=int, default=None, help=f"context length (default {DEFAULT_MAX_SEQ_LEN})")
+    p.add_argument("--max-seq-len", type=int, default=None, help="context length (default per model)")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None, help="weight quantization (default per model)")
     p.add_argument("--embedding-quantize", choices=EMBEDDING_QUANTIZE_CHOICES, default=None,
                    help="embedding table quantization (default per model)")
+    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=None,
+                   help="KV cache storage (default per model; int8 needs the custom ops)")
     p.add_argument("--custom-ops", action=argparse.BooleanOptionalAction, default=None,
                    help="export with llama::custom_sdpa / llama::update_cache")
     p.add_argument("--out", default=None, help="model directory (default: under the cache root)")
@@ -69,7 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"unpack: {e}", file=sys.stderr)
             return 1
         return 0
-    opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops, args.embedding_quantize)
+    opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops, args.embedding_quantize,
+                           args.kv_cache)
     out = model_dir(args.name, opts, args.out)
     if args.command == "path":
         print(out)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from .manifest import add_checksums, manifest_matches, read_manifest, write_manifest
-from .registry import BuildOptions, get_spec, model_dir
+from .registry import PREFILL_MAX_TOKENS, BuildOptions, get_spec, model_dir
 
 
 def _dist_version(dist: str) -> Optional[str]:
@@ -116,6 +116,8 @@ def build(
                 "group_size": spec.group_size if options.quantize != "none" else None,
                 "custom_ops": options.custom_ops,
                 "embedding_quantize": options.embedding_quantize,
+                "kv_cache": options.kv_cache,
+                "prefill_max_tokens": min(options.max_seq_len, PREFILL_MAX_TOKENS + 1) - 1,
                 "variant": options.variant,
                 "vocab_size": params["vocab_size"],
                 "eos_token_ids": tok_cfg["eos_token_ids"],

@@ -38,6 +38,7 @@ def build_options(manifest: dict):
         quantize=manifest["quantize"],
         custom_ops=manifest["custom_ops"],
         embedding_quantize=manifest.get("embedding_quantize", "none"),  # older manifests: none
+        kv_cache=manifest.get("kv_cache", "fp32"),
     )
 
 

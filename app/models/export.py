@@ -9,7 +9,64 @@ import os
 import sys
 from pathlib import Path
 
-from .registry import EMBEDDING_GROUP_SIZE, BuildOptions
+from .registry import EMBEDDING_GROUP_SIZE, PREFILL_MAX_TOKENS, BuildOptions
+
+# The attention layer our custom-op exports use (registered by _register_attention, named in the
+# params file the exporter reads): ExecuTorch's own, without its max_context_len² causal mask.
+MASK_FREE_ATTENTION = "etserve_mha_no_mask"
+
+
+def _register_attention() -> None:
+    """Register ``MASK_FREE_ATTENTION`` with the exporter's attention registry (idempotent).
+
+    ExecuTorch's ``AttentionMHA`` builds a ``max_context_len x max_context_len`` bool causal mask
+    per layer, used only when the attention is not the ``llama::custom_sdpa`` op (which is causal
+    by position). At a 32k context that is 1 GiB per layer at export time, 24 GiB for Qwen. Our
+    subclass builds the layer for a one-position context, then gives it the real KV cache and
+    SDPA, and a mask that is a stride-0 view of the right shape over one byte (the traced
+    ``mask.narrow`` still works; its unused result is dropped from the graph).
+    """
+    import dataclasses
+
+    import torch
+    from executorch.examples.models.llama.attention import (
+        ATTENTION_REGISTRY,
+        SDPA,
+        AttentionMHA,
+        register_attention,
+    )
+
+    if MASK_FREE_ATTENTION in ATTENTION_REGISTRY:
+        return
+
+    @register_attention(MASK_FREE_ATTENTION)
+    class MaskFreeAttention(AttentionMHA):
+        def __init__(self, args, layer_id, rope, **kwargs):
+            super().__init__(dataclasses.replace(args, max_context_len=1), layer_id, rope, **kwargs)
+            self.max_context_len = args.max_context_len
+            n = args.max_context_len
+            self.mask = torch.ones(1, 1, dtype=torch.bool).expand(n, n)
+            if self.use_kv_cache:
+                self._init_kv_cache(args)
+                self.SDPA = SDPA(
+                    dim=self.n_local_heads * self.head_dim,
+                    head_dim=self.head_dim,
+                    n_rep=self.n_rep,
+                    max_context_len=n,
+                )
+
+
+def _params_for_export(params: Path, custom_ops: bool) -> Path:
+    """The params file the exporter reads: ``params`` itself, or for custom-op exports a copy
+    beside it naming the mask-free attention."""
+    if not custom_ops:
+        return params
+    _register_attention()
+    data = json.loads(params.read_text())
+    data["attention_type"] = MASK_FREE_ATTENTION
+    out = params.with_name(params.stem + ".export.json")
+    out.write_text(json.dumps(data, indent=2))
+    return out
 
 
 def make_llm_config(
@@ -22,19 +79,26 @@ def make_llm_config(
     eos_ids: list[int],
     output: Path,
 ):
-    """The ``LlmConfig`` for a KV-cache, dynamic-shape, XNNPACK export of ``options``."""
+    """The ``LlmConfig`` for a KV-cache, dynamic-shape, XNNPACK export of ``options``.
+
+    The KV cache holds ``options.max_seq_len`` positions (the exporter's ``max_context_length``,
+    the .pte's ``get_max_context_len``); one forward call takes at most ``PREFILL_MAX_TOKENS``
+    (the exporter's ``max_seq_length``, minus one: the bound of the dynamic token dimension).
+    Activation memory is planned for the largest call, so it must not grow with the context.
+    """
     from executorch.extension.llm.export.config.llm_config import DtypeOverride, LlmConfig, ModelType
 
     cfg = LlmConfig()
     cfg.base.model_class = ModelType.llama3  # generic llama; the named classes try the model hub
     cfg.base.checkpoint = str(checkpoint)
-    cfg.base.params = str(params)
+    cfg.base.params = str(_params_for_export(params, options.custom_ops))
     cfg.base.metadata = json.dumps({"get_bos_id": bos_id, "get_eos_ids": list(eos_ids)})
     cfg.model.dtype_override = DtypeOverride.fp32
     cfg.model.use_kv_cache = True
     cfg.model.use_sdpa_with_kv_cache = options.custom_ops
+    cfg.model.quantize_kv_cache = options.kv_cache == "int8"
     cfg.model.enable_dynamic_shape = True
-    cfg.export.max_seq_length = options.max_seq_len
+    cfg.export.max_seq_length = min(options.max_seq_len, PREFILL_MAX_TOKENS + 1)
     cfg.export.max_context_length = options.max_seq_len
     cfg.export.output_dir = str(output.parent)
     cfg.export.output_name = str(output)  # absolute: a relative name is taken from the cwd

@@ -89,6 +89,7 @@ def manifest_matches(manifest: Optional[dict[str, Any]], spec: ModelSpec, option
         and manifest.get("quantize") == options.quantize
         and manifest.get("custom_ops") == options.custom_ops
         and manifest.get("embedding_quantize", "none") == options.embedding_quantize
+        and manifest.get("kv_cache", "fp32") == options.kv_cache
         and manifest.get("group_size") == (spec.group_size if options.quantize != "none" else None)
     )
 

@@ -10,15 +10,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_MAX_SEQ_LEN = 2048  # for a model whose spec names none
+# Most tokens one forward call of a built .pte takes (prefill chunks); activation memory is
+# planned for this many, independent of the context length (max_seq_len, the KV cache).
+PREFILL_MAX_TOKENS = 512
 # ExecuTorch's standard LLM export (llama::custom_sdpa / llama::update_cache), which our own
-# kernels in native/src/llm_ops.cpp run; --no-custom-ops gives the portable fallback.
+# kernels in native/src/ (llm_ops.cpp registers them) run; --no-custom-ops gives the portable fallback.
 DEFAULT_CUSTOM_OPS = True
 QUANTIZE_CHOICES = ("none", "8da4w")
 # Embedding tables: "none" (fp32) or 4-bit groupwise (quantized_decomposed::embedding_4bit,
 # whose kernel ships in the wheel's libexecutorch_kernels_quantized.so, linked by native/).
 EMBEDDING_QUANTIZE_CHOICES = ("none", "4bit")
 EMBEDDING_GROUP_SIZE = 32
+# KV cache storage: "fp32", or "int8": ExecuTorch's quantize_kv_cache export (int8 values with a
+# float scale and an int8 zero point per position and head; llama::custom_quantized_sdpa attends
+# over it). Kernels for both are ours (native/src/).
+KV_CACHE_CHOICES = ("fp32", "int8")
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,8 @@ class ModelSpec:
     gguf_files: tuple[str, ...]  # file paths inside each package, same order
     default_quantize: str
     default_embedding_quantize: str
+    default_max_seq_len: int  # context length of the default build
+    default_kv_cache: str
     group_size: int
     eos_token_ids: tuple[int, ...]  # every end-of-turn id, first is the tokenizer's eos
     bos_token_id: int
@@ -54,6 +63,8 @@ MODELS: dict[str, ModelSpec] = {
         gguf_files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
         default_quantize="none",
         default_embedding_quantize="none",
+        default_max_seq_len=DEFAULT_MAX_SEQ_LEN,
+        default_kv_cache="fp32",
         group_size=32,
         eos_token_ids=(2,),
         bos_token_id=1,
@@ -70,6 +81,8 @@ MODELS: dict[str, ModelSpec] = {
         gguf_files=tuple(f"data/part{i:02d}.bin" for i in range(1, 7)),
         default_quantize="8da4w",
         default_embedding_quantize="4bit",  # the fp32 table alone is 545 MB of 829
+        default_max_seq_len=32768,  # what it was trained for; coding agents send 6k-12k-token prompts
+        default_kv_cache="int8",  # 27% of the fp32 cache's bytes: 207 MiB instead of 768 at 32k
         group_size=32,
         eos_token_ids=(151645, 151643),
         bos_token_id=151643,
@@ -89,13 +102,16 @@ class BuildOptions:
     quantize: str = "none"
     custom_ops: bool = DEFAULT_CUSTOM_OPS
     embedding_quantize: str = "none"
+    kv_cache: str = "fp32"
 
     @property
     def variant(self) -> str:
-        """Directory name encoding the options, e.g. ``ctx2048-fp32`` or ``ctx512-8da4w-e4-sdpa``."""
+        """Directory name encoding the options, e.g. ``ctx2048-fp32`` or ``ctx512-8da4w-e4-sdpa``
+        (``-kv8`` at the end for an int8 KV cache)."""
         quant = "fp32" if self.quantize == "none" else self.quantize
         emb = "-e4" if self.embedding_quantize == "4bit" else ""
-        return f"ctx{self.max_seq_len}-{quant}{emb}" + ("-sdpa" if self.custom_ops else "")
+        kv = "-kv8" if self.kv_cache == "int8" else ""
+        return f"ctx{self.max_seq_len}-{quant}{emb}" + ("-sdpa" if self.custom_ops else "") + kv
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -111,20 +127,27 @@ def resolve_options(
     quantize: Optional[str] = None,
     custom_ops: Optional[bool] = None,
     embedding_quantize: Optional[str] = None,
+    kv_cache: Optional[str] = None,
 ) -> BuildOptions:
     """Fill unset options with the model's defaults and validate them."""
     spec = get_spec(name)
     opts = BuildOptions(
-        max_seq_len=DEFAULT_MAX_SEQ_LEN if max_seq_len is None else int(max_seq_len),
+        max_seq_len=spec.default_max_seq_len if max_seq_len is None else int(max_seq_len),
         quantize=spec.default_quantize if quantize is None else quantize,
         custom_ops=DEFAULT_CUSTOM_OPS if custom_ops is None else bool(custom_ops),
         embedding_quantize=spec.default_embedding_quantize if embedding_quantize is None else embedding_quantize,
+        # the quantized cache is written by the custom ops only: without them, fp32 unless asked
+        kv_cache=(spec.default_kv_cache if custom_ops is not False else "fp32") if kv_cache is None else kv_cache,
     )
     if opts.quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {opts.quantize!r}")
     if opts.embedding_quantize not in EMBEDDING_QUANTIZE_CHOICES:
         raise ValueError(f"embedding quantize must be one of {EMBEDDING_QUANTIZE_CHOICES}, "
                          f"got {opts.embedding_quantize!r}")
+    if opts.kv_cache not in KV_CACHE_CHOICES:
+        raise ValueError(f"kv cache must be one of {KV_CACHE_CHOICES}, got {opts.kv_cache!r}")
+    if opts.kv_cache != "fp32" and not opts.custom_ops:
+        raise ValueError("a quantized KV cache needs the custom ops (drop --no-custom-ops)")
     if not 16 <= opts.max_seq_len <= 32768:
         raise ValueError(f"max_seq_len out of range: {opts.max_seq_len}")
     return opts

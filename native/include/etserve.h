@@ -30,8 +30,9 @@ typedef struct ets_model ets_model;
 
 typedef struct {
   int64_t vocab_size;
-  int64_t max_seq_len;      /* KV cache length: positions 0 .. max_seq_len-1 */
-  int64_t max_context_len;  /* equals max_seq_len unless the export says otherwise */
+  int64_t max_seq_len;      /* KV cache length: positions 0 .. max_seq_len-1 (the file's
+                               get_max_context_len, else its get_max_seq_len) */
+  int64_t max_context_len;  /* equals max_seq_len */
   int64_t max_prefill_len;  /* most tokens one forward call accepts */
   int64_t bos_id;           /* -1 when the file has none */
   int64_t n_eos;

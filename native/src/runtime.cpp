@@ -229,8 +229,10 @@ bool ets_model::read_metadata(std::string* why) {
     *why = "the file has no get_max_seq_len metadata method";
     return false;
   }
+  // ExecuTorch's exporter: get_max_seq_len bounds one call's tokens, get_max_context_len
+  // is the KV cache. Ours: max_seq_len is the cache (the tokens bound is max_prefill_len).
+  if (read_int_method(*module, "get_max_context_len", &v) && v > 0) info.max_seq_len = v;
   info.max_context_len = info.max_seq_len;
-  if (read_int_method(*module, "get_max_context_len", &v) && v > 0) info.max_context_len = v;
   if (read_int_method(*module, "get_bos_id", &v)) info.bos_id = v;
   if (read_int_method(*module, "use_kv_cache", &v)) info.use_kv_cache = static_cast<int32_t>(v);
   if (read_int_method(*module, "enable_dynamic_shape", &v)) {

@@ -18,6 +18,7 @@ def test_variants():
     assert BuildOptions(2048, "none", False).variant == "ctx2048-fp32"
     assert BuildOptions(512, "8da4w", True).variant == "ctx512-8da4w-sdpa"
     assert BuildOptions(2048, "8da4w", True, "4bit").variant == "ctx2048-8da4w-e4-sdpa"
+    assert BuildOptions(32768, "8da4w", True, "4bit", "int8").variant == "ctx32768-8da4w-e4-sdpa-kv8"
 
 
 def test_defaults():
@@ -25,6 +26,10 @@ def test_defaults():
     qwen = resolve_options("qwen2.5-coder-0.5b")
     assert (smol.max_seq_len, smol.quantize, smol.custom_ops) == (2048, "none", registry.DEFAULT_CUSTOM_OPS)
     assert (qwen.quantize, registry.MODELS["qwen2.5-coder-0.5b"].group_size) == ("8da4w", 32)
+    assert qwen.max_seq_len == 32768  # what Qwen2.5-Coder was trained for
+    assert (qwen.kv_cache, smol.kv_cache) == ("int8", "fp32")
+    assert resolve_options("qwen2.5-coder-0.5b", custom_ops=False).kv_cache == "fp32"
+    assert resolve_options("qwen2.5-coder-0.5b", 4096).max_seq_len == 4096
     assert (qwen.embedding_quantize, smol.embedding_quantize) == ("4bit", "none")
     assert resolve_options("smollm2-135m", 512, "8da4w", True) == BuildOptions(512, "8da4w", True)
     with pytest.raises(ValueError):
@@ -33,6 +38,10 @@ def test_defaults():
         resolve_options("smollm2-135m", embedding_quantize="2bit")
     with pytest.raises(KeyError):
         resolve_options("nope")
+    with pytest.raises(ValueError):
+        resolve_options("smollm2-135m", kv_cache="int4")
+    with pytest.raises(ValueError):  # the quantized cache is only written by the custom ops
+        resolve_options("smollm2-135m", custom_ops=False, kv_cache="int8")
 
 
 def test_eos_ids():
@@ -44,9 +53,9 @@ def test_paths(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
     assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32-sdpa"
     assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-sdpa")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-sdpa-kv8")
     assert main(["path", "qwen2.5-coder-0.5b", "--no-custom-ops", "--embedding-quantize", "none"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx2048-8da4w")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx32768-8da4w")
     assert main(["path", "smollm2-135m", "--out", str(tmp_path / "x")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "x")
 
@@ -71,6 +80,8 @@ def test_manifest_matches():
     assert manifest_matches(m, spec, opts)
     assert not manifest_matches(dict(m, custom_ops=True), spec, opts)
     assert not manifest_matches(dict(m, embedding_quantize="4bit"), spec, opts)
+    assert not manifest_matches(dict(m, kv_cache="int8"), spec, opts)
+    assert manifest_matches(dict(m, kv_cache="fp32"), spec, opts)
     assert not manifest_matches(None, spec, opts)
 
 

@@ -1,6 +1,9 @@
 """Fixtures for the native library tests: build (make -C native) and load
-libetserve.so with ctypes. ETSERVE_NATIVE_LIB=/path/to/lib.so (the variable the app
-reads too) skips the build and loads that file instead (for iterating on a scratch build)."""
+libetserve.so, or the test library built beside it (libetserve_test.so: the
+kernels' test entry points, with libetserve.so as its dependency), with
+ctypes. ETSERVE_NATIVE_LIB=/path/to/lib.so (the variable the app reads too) skips the
+build and loads that file (and the libetserve_test.so next to it) instead, for iterating
+on a scratch build."""
 
 import ctypes
 import os
@@ -37,3 +40,12 @@ def etserve_lib_path() -> Path:
 @pytest.fixture(scope="session")
 def etserve_lib(etserve_lib_path) -> ctypes.CDLL:
     return ctypes.CDLL(str(etserve_lib_path))
+
+
+@pytest.fixture(scope="session")
+def etserve_test_lib(etserve_lib_path) -> ctypes.CDLL:
+    """libetserve_test.so; its symbols and those of libetserve.so (its dependency) resolve through it."""
+    path = etserve_lib_path.with_name("libetserve_test.so")
+    if not path.exists():
+        pytest.fail(f"{path} does not exist")
+    return ctypes.CDLL(str(path))

@@ -1,6 +1,7 @@
 """Tests of etserve's own kernels for ExecuTorch's LLM custom operators
-(native/src/llm_ops.cpp): against plain numpy references through the C test
-entry points, and end to end through a real .pte that calls
+(native/src/llm_kernels.cpp, attention.cpp, registered by llm_ops.cpp): against
+plain numpy references through the C test entry points of libetserve_test.so,
+which call them through the runtime's kernel registry, and end to end through a real .pte that calls
 llama::update_cache / llama::custom_sdpa, run by our library.
 
     make -C native && pytest tests/native/test_llm_ops.py
@@ -24,8 +25,8 @@ c_i64 = ctypes.c_int64
 
 
 @pytest.fixture(scope="module")
-def lib(etserve_lib):
-    L = etserve_lib
+def lib(etserve_test_lib):
+    L = etserve_test_lib
     L.etserve_test_custom_sdpa.argtypes = [
         F32P, c_int, c_int, c_int, c_int, F32P, F32P, c_int, c_int, c_i64,
         c_int, F32P, ctypes.c_float, F32P,
@@ -40,6 +41,16 @@ def lib(etserve_lib):
         c_i64, c_int, F32P, ctypes.c_float, F32P,
     ]
     L.etserve_test_sdpa_with_kv_cache.restype = c_int
+    I8P = ctypes.POINTER(ctypes.c_int8)
+    L.etserve_test_custom_quantized_sdpa.argtypes = [
+        I8P, F32P, I8P, c_int, c_int, c_int, c_int, I8P, F32P, I8P, I8P, F32P, I8P,
+        c_int, c_int, c_i64, c_int, F32P, ctypes.c_float, F32P,
+    ]
+    L.etserve_test_custom_quantized_sdpa.restype = c_int
+    L.etserve_test_update_cache_typed.argtypes = [
+        c_int, ctypes.c_void_p, c_int, c_int, c_int, c_int, ctypes.c_void_p, c_int, c_i64,
+    ]
+    L.etserve_test_update_cache_typed.restype = c_int
     L.etserve_test_custom_sdpa_dtype.argtypes = [c_int]
     L.etserve_test_custom_sdpa_dtype.restype = c_int
     L.etserve_llm_op_count.restype = c_int
@@ -301,10 +312,105 @@ def test_sdpa_with_kv_cache(lib, causal, B, S, H, Hkv, D, Smax, start_pos):
     assert np.abs(out - ref).max() <= 1e-4
 
 
+# ---------------------------------------------------------------------------
+# int8 operands (ExecuTorch's quantize_kv_cache export): x = (q - zero_point) * scale
+# per (batch, position, head).
+
+def _quantized(rng, *shape):
+    """Random int8 data with per-(b, s, h) float scales and int8 zero points, and its
+    dequantized float64 value."""
+    data = rng.integers(-128, 128, shape).astype(np.int8)
+    scale = (rng.uniform(0.002, 0.05, shape[:-1] + (1,))).astype(np.float32)
+    zp = rng.integers(-20, 20, shape[:-1] + (1,)).astype(np.int8)
+    return data, scale, zp, (data.astype(np.float64) - zp) * scale
+
+
+def i8ptr(a):
+    assert a.dtype == np.int8 and a.flags["C_CONTIGUOUS"]
+    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+
+def run_quantized_sdpa(lib, q, k, v, start_pos, causal, mask=None, scale=None):
+    (q8, qs, qz, _), (k8, ks, kz, _), (v8, vs, vz, _) = q, k, v
+    B, S, H, D = q8.shape
+    Smax, Hkv = k8.shape[1], k8.shape[2]
+    out = np.full(q8.shape, np.nan, np.float32)
+    rc = lib.etserve_test_custom_quantized_sdpa(
+        i8ptr(q8), ptr(qs), i8ptr(qz), B, S, H, D, i8ptr(k8), ptr(ks), i8ptr(kz),
+        i8ptr(v8), ptr(vs), i8ptr(vz), Smax, Hkv, start_pos, int(causal), ptr(mask),
+        -1.0 if scale is None else scale, ptr(out))
+    return rc, out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SHAPES + [(1, 40, 14, 2, 64, 700, 300), (1, 1, 14, 2, 64, 3000, 2999)],
+                         ids=lambda s: "B%d_S%d_H%d_Hkv%d_D%d_Smax%d_pos%d" % s)
+def test_custom_quantized_sdpa_matches_dequantized_reference(lib, shape, causal):
+    B, S, H, Hkv, D, Smax, start_pos = shape
+    rng = np.random.default_rng(hash(shape) % 2**32)
+    q = _quantized(rng, B, S, H, D)
+    k = _quantized(rng, B, Smax, Hkv, D)
+    v = _quantized(rng, B, Smax, Hkv, D)
+    rc, out = run_quantized_sdpa(lib, q, k, v, start_pos, causal)
+    assert rc == 0
+    ref = ref_sdpa(q[3], k[3], v[3], start_pos, causal)
+    assert np.abs(out - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_custom_quantized_sdpa_threads_and_mask(lib, threads):
+    """Decode over a long cache split over threads, and the additive-mask form."""
+    lib.ets_set_num_threads.argtypes = [c_int]
+    lib.ets_get_num_threads.restype = c_int
+    before = lib.ets_get_num_threads()
+    rng = np.random.default_rng(threads)
+    B, S, H, Hkv, D, Smax = 1, 1, 14, 2, 64, 2048
+    q = _quantized(rng, B, S, H, D)
+    k = _quantized(rng, B, Smax, Hkv, D)
+    v = _quantized(rng, B, Smax, Hkv, D)
+    mask = np.full((S, Smax), -np.inf, np.float32)
+    mask[0, :300] = 0.0
+    mask[0, 1500:1510] = 0.5
+    try:
+        assert lib.ets_set_num_threads(threads) == 0
+        rc, out = run_quantized_sdpa(lib, q, k, v, 1800, True)
+        rc2, out_m = run_quantized_sdpa(lib, q, k, v, 0, False, mask=mask)
+    finally:
+        lib.ets_set_num_threads(before)
+    assert rc == 0 and rc2 == 0
+    assert np.abs(out - ref_sdpa(q[3], k[3], v[3], 1800, True)).max() <= 1e-4
+    assert np.abs(out_m - ref_sdpa(q[3], k[3], v[3], 0, False, mask=mask)).max() <= 1e-4
+
+
+def test_custom_quantized_sdpa_refuses_bad_parameters(lib):
+    rng = np.random.default_rng(4)
+    q = _quantized(rng, 1, 2, 4, 16)
+    k = _quantized(rng, 1, 10, 2, 16)
+    v = _quantized(rng, 1, 10, 2, 16)
+    assert run_quantized_sdpa(lib, q, k, v, 0, True)[0] == 0
+    assert run_quantized_sdpa(lib, q, k, v, 9, True)[0] != 0  # past the cache
+    assert lib.etserve_test_custom_sdpa_dtype(1) != 0  # the fp32 op handed int8 tensors
+
+
+def test_update_cache_int8_rows(lib):
+    rng = np.random.default_rng(9)
+    value = rng.integers(-128, 128, (1, 3, 2, 64)).astype(np.int8)
+    cache = rng.integers(-128, 128, (1, 20, 2, 64)).astype(np.int8)
+    expect = cache.copy()
+    expect[:, 5:8] = value
+    rc = lib.etserve_test_update_cache_typed(1, value.ctypes.data, 1, 3, 2, 64, cache.ctypes.data, 20, 5)
+    assert rc == 0
+    assert np.array_equal(cache, expect)
+    scales = np.zeros((1, 20, 2, 1), np.float32)
+    sv = rng.uniform(0, 1, (1, 3, 2, 1)).astype(np.float32)
+    assert lib.etserve_test_update_cache_typed(6, sv.ctypes.data, 1, 3, 2, 1, scales.ctypes.data, 20, 17) == 0
+    assert np.array_equal(scales[:, 17:20], sv) and not scales[:, :17].any()
+
+
 def test_registered_op_names(lib):
     names = {lib.etserve_llm_op_name(i).decode() for i in range(lib.etserve_llm_op_count())}
     assert {"llama::update_cache.out", "llama::custom_sdpa.out",
-            "llama::sdpa_with_kv_cache.out"} <= names
+            "llama::sdpa_with_kv_cache.out", "llama::custom_quantized_sdpa.out"} <= names
     assert lib.etserve_llm_op_name(lib.etserve_llm_op_count()) is None
     assert lib.etserve_llm_ops_registered() == 1
 

@@ -1,0 +1,260 @@
+// Attention core: see attention.h.
+#include "attention.h"
+
+#include "simd.h"
+
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace etserve {
+
+namespace {
+
+using namespace simd;
+
+constexpr int64_t kKeyBlock = 64;  // key/value rows per L1-resident block
+constexpr int64_t kRowTile = 16;   // query rows per tile (prefill)
+
+// Row (b, s, h) of an operand as floats: a pointer into fp32 data, or `buf`
+// filled with the dequantized int8 row (times `mul`, folded in).
+inline const float* load_row(const AttnOperand& x, int64_t b, int64_t s, int64_t h, int64_t D,
+                             float* buf, float mul = 1.f) {
+  if (x.f32 != nullptr) {
+    const float* p = x.f32 + b * x.sb + s * x.ss + h * x.sh;
+    if (mul == 1.f) return p;
+    for (int64_t d = 0; d < D; ++d) buf[d] = p[d] * mul;
+    return buf;
+  }
+  const float sc = x.scale[b * x.sc_sb + s * x.sc_ss + h * x.sc_sh];
+  const int32_t zp = x.zero_point[b * x.zp_sb + s * x.zp_ss + h * x.zp_sh];
+  dequant_row(x.i8 + b * x.sb + s * x.ss + h * x.sh, D, sc * mul, zp, buf);
+  return buf;
+}
+
+// Per-thread work space of one tile: R rows x G heads = NQ query vectors.
+struct Scratch {
+  std::vector<float> q, s, acc, m, l, kf, vf;
+  std::vector<int64_t> lim;
+  Scratch(int64_t nq, int64_t rows, int64_t D)
+      : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
+        vf(kKeyBlock * D), lim(rows) {}
+};
+
+// Where a tile's results go: normalized into the output, or (key-split
+// decode) per query vector the running max, the sum of exponentials and the
+// unnormalized weighted sum, merged later.
+struct Partial {
+  float* m;
+  float* l;
+  float* acc;
+};
+
+// Attention of query rows [i0, i0 + R) of batch b, the G heads sharing kv
+// head g, over keys [j0, j1) (cut further per row by the causal limit).
+void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g, int64_t j0,
+                 int64_t j1, Scratch& sc, const Partial* partial) {
+  const int64_t G = a.H / a.Hkv, D = a.D, NQ = R * G;
+  float* qs = sc.q.data();
+  float* acc = sc.acc.data();
+  float* m = sc.m.data();
+  float* l = sc.l.data();
+  int64_t jmax = j0;
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t lim = a.n_kv;
+    if (a.causal) lim = std::min(lim, a.start_pos + i0 + r + 1);
+    sc.lim[r] = std::min(lim, j1);
+    jmax = std::max(jmax, sc.lim[r]);
+    for (int64_t h = 0; h < G; ++h) {
+      float* dst = qs + (r * G + h) * D;
+      const float* src = load_row(a.q, b, i0 + r, g * G + h, D, dst, a.scale);
+      if (src != dst) std::copy(src, src + D, dst);
+    }
+  }
+  std::fill(acc, acc + NQ * D, 0.f);
+  std::fill(m, m + NQ, -INFINITY);
+  std::fill(l, l + NQ, 0.f);
+
+  for (int64_t jb = j0; jb < jmax; jb += kKeyBlock) {
+    const int64_t len = std::min(kKeyBlock, jmax - jb);
+    // Key rows of the block (fp32 in place, or dequantized once for the tile).
+    const float* kp;
+    int64_t ks;
+    if (a.k.f32 != nullptr) {
+      kp = a.k.f32 + b * a.k.sb + jb * a.k.ss + g * a.k.sh;
+      ks = a.k.ss;
+    } else {
+      for (int64_t jj = 0; jj < len; ++jj) load_row(a.k, b, jb + jj, g, D, sc.kf.data() + jj * D);
+      kp = sc.kf.data();
+      ks = D;
+    }
+    // Scores, 8 keys at a time for every query vector of the tile.
+    int64_t vis_max = 0;  // keys of this block visible to some row
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
+      vis_max = std::max(vis_max, vis);
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t t = r * G + h;
+        float* srow = sc.s.data() + t * kKeyBlock;
+        const float* qv = qs + t * D;
+        int64_t j = 0;
+        for (; j + 8 <= vis; j += 8) dot8(qv, kp + j * ks, ks, D, srow + j);
+        for (; j < vis; ++j) srow[j] = dot1(qv, kp + j * ks, D);
+      }
+    }
+    if (vis_max == 0) continue;
+    // Online softmax: rescale what came before to the new running max.
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
+      if (vis == 0) continue;
+      const float* mrow = a.mask ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t t = r * G + h;
+        float* srow = sc.s.data() + t * kKeyBlock;
+        const float bm = add_max(srow, mrow, vis);
+        const float mn = std::max(m[t], bm);
+        if (!(mn > -INFINITY)) {  // everything so far masked out
+          std::fill(srow, srow + vis, 0.f);
+          continue;
+        }
+        const float corr = m[t] > -INFINITY ? std::exp(m[t] - mn) : 0.f;
+        const float sum = exp_shift_sum(srow, vis, mn);
+        if (corr != 1.f) scale_row(acc + t * D, D, corr);
+        l[t] = l[t] * corr + sum;
+        m[t] = mn;
+      }
+    }
+    // Value rows, then the weighted sums.
+    const float* vp;
+    int64_t vs;
+    if (a.v.f32 != nullptr) {
+      vp = a.v.f32 + b * a.v.sb + jb * a.v.ss + g * a.v.sh;
+      vs = a.v.ss;
+    } else {
+      for (int64_t jj = 0; jj < vis_max; ++jj) load_row(a.v, b, jb + jj, g, D, sc.vf.data() + jj * D);
+      vp = sc.vf.data();
+      vs = D;
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
+      if (vis == 0) continue;
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t t = r * G + h;
+        weighted_acc(sc.s.data() + t * kKeyBlock, vis, vp, vs, D, acc + t * D);
+      }
+    }
+  }
+
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t h = 0; h < G; ++h) {
+      const int64_t t = r * G + h;
+      if (partial) {
+        partial->m[t] = m[t];
+        partial->l[t] = l[t];
+        std::copy(acc + t * D, acc + (t + 1) * D, partial->acc + t * D);
+        continue;
+      }
+      float* dst = a.o + b * a.o_sb + (i0 + r) * a.o_ss + (g * G + h) * a.o_sh;
+      const float s = l[t] > 0.f ? 1.f / l[t] : 0.f;  // nothing visible: zeros
+      for (int64_t d = 0; d < D; ++d) dst[d] = acc[t * D + d] * s;
+    }
+  }
+}
+
+int64_t thread_count() {
+#ifdef ET_USE_THREADPOOL
+  return std::max<int64_t>(1, executorch::extension::get_thread_count());
+#else
+  return 1;
+#endif
+}
+
+}  // namespace
+
+void run_attention(const AttnArgs& a) {
+  const int64_t G = a.H / a.Hkv;
+  const int64_t R = std::min<int64_t>(a.S, kRowTile);
+  const int64_t tiles = (a.S + R - 1) / R;
+  const int64_t units = a.B * tiles * a.Hkv;  // (batch, row tile, kv head)
+  if (units <= 0) return;
+  // Unit u -> batch, first row, rows, kv head.
+  auto unit = [&](int64_t u, int64_t* b, int64_t* i0, int64_t* rows, int64_t* g) {
+    *g = u % a.Hkv;
+    const int64_t bt = u / a.Hkv;
+    *b = bt / tiles;
+    *i0 = (bt % tiles) * R;
+    *rows = std::min(R, a.S - *i0);
+  };
+  const int64_t threads = thread_count();
+  const int64_t work = a.B * a.S * a.H * a.n_kv * a.D;
+  if (threads <= 1 || work < (1 << 17)) {  // below ~20 us: not worth waking threads
+    Scratch sc(R * G, R, a.D);
+    for (int64_t u = 0; u < units; ++u) {
+      int64_t b, i0, rows, g;
+      unit(u, &b, &i0, &rows, &g);
+      attend_tile(a, b, i0, rows, g, 0, a.n_kv, sc, nullptr);
+    }
+    return;
+  }
+  // Few units (decode): split the keys too, then merge the partial softmaxes.
+  int64_t splits = 1;
+  if (units < 2 * threads) {
+    splits = (2 * threads + units - 1) / units;
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, a.n_kv / 128));
+  }
+  if (splits <= 1) {
+    executorch::extension::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+      Scratch sc(R * G, R, a.D);
+      for (int64_t u = u0; u < u1; ++u) {
+        int64_t b, i0, rows, g;
+        unit(u, &b, &i0, &rows, &g);
+        attend_tile(a, b, i0, rows, g, 0, a.n_kv, sc, nullptr);
+      }
+    });
+    return;
+  }
+  const int64_t chunk = (a.n_kv + splits - 1) / splits;
+  const int64_t NQ = R * G;
+  const int64_t per = NQ * (a.D + 2);  // per (unit, split): NQ maxima, NQ sums, NQ * D sums
+  std::vector<float> part(static_cast<size_t>(units * splits * per));
+  executorch::extension::parallel_for(0, units * splits, 1, [&](int64_t w0, int64_t w1) {
+    Scratch sc(R * G, R, a.D);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t c = w % splits;
+      int64_t b, i0, rows, g;
+      unit(w / splits, &b, &i0, &rows, &g);
+      float* base = part.data() + w * per;
+      Partial pt{base, base + NQ, base + 2 * NQ};
+      std::fill(base, base + NQ, -INFINITY);
+      std::fill(base + NQ, base + 2 * NQ, 0.f);
+      attend_tile(a, b, i0, rows, g, c * chunk, std::min(a.n_kv, (c + 1) * chunk), sc, &pt);
+    }
+  });
+  for (int64_t u = 0; u < units; ++u) {
+    int64_t b, i0, rows, g;
+    unit(u, &b, &i0, &rows, &g);
+    for (int64_t t = 0; t < rows * G; ++t) {
+      const int64_t r = t / G, h = t % G;
+      float* dst = a.o + b * a.o_sb + (i0 + r) * a.o_ss + (g * G + h) * a.o_sh;
+      std::fill(dst, dst + a.D, 0.f);
+      float M = -INFINITY;
+      for (int64_t c = 0; c < splits; ++c) M = std::max(M, part[(u * splits + c) * per + t]);
+      if (!(M > -INFINITY)) continue;
+      float L = 0.f;
+      for (int64_t c = 0; c < splits; ++c) {
+        const float* base = part.data() + (u * splits + c) * per;
+        if (!(base[t] > -INFINITY)) continue;
+        const float w = std::exp(base[t] - M);
+        L += w * base[NQ + t];
+        const float* accp = base + 2 * NQ + t * a.D;
+        for (int64_t d = 0; d < a.D; ++d) dst[d] += w * accp[d];
+      }
+      const float s = L > 0.f ? 1.f / L : 0.f;
+      for (int64_t d = 0; d < a.D; ++d) dst[d] *= s;
+    }
+  }
+}
+
+}  // namespace etserve

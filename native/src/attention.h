@@ -1,0 +1,44 @@
+// The attention core of etserve's SDPA kernels: softmax(q k^T * scale + mask) v
+// over strided views of the query and the KV caches, each either fp32 or int8
+// with a float scale and an int8 zero point per (batch, position, head)
+// (ExecuTorch's per-token affine quantization: x = (q - zero_point) * scale).
+//
+// Flash-style: a tile of query rows times the query heads that share one kv
+// head walks the keys block by block with an online softmax, so each key and
+// value row is read (and dequantized) once per tile, not once per query row.
+// Threaded over (batch, row tile, kv head) units and, when there are few of
+// them (decode), over key ranges whose partial softmaxes are merged.
+#pragma once
+
+#include <cstdint>
+
+namespace etserve {
+
+// One operand [B, S, H, D], innermost dimension contiguous; strides in elements.
+struct AttnOperand {
+  const float* f32 = nullptr;  // fp32 data, or
+  const int8_t* i8 = nullptr;  // int8 data with per-(b, s, h) parameters:
+  const float* scale = nullptr;
+  const int8_t* zero_point = nullptr;
+  int64_t sb = 0, ss = 0, sh = 0;            // data strides
+  int64_t sc_sb = 0, sc_ss = 0, sc_sh = 0;   // scale strides
+  int64_t zp_sb = 0, zp_ss = 0, zp_sh = 0;   // zero-point strides
+};
+
+struct AttnArgs {
+  AttnOperand q, k, v;  // q [B,S,H,D]; k, v [B,Smax,Hkv,D]
+  float* o;             // fp32 [B,S,H,D]
+  int64_t o_sb, o_ss, o_sh;
+  int64_t B, S, H, Hkv, D;
+  int64_t n_kv;       // keys visible to every row before the causal cut
+  int64_t start_pos;  // absolute position of query row 0
+  bool causal;
+  const float* mask;  // nullable, [S, >= n_kv] with row stride mask_ss
+  int64_t mask_ss;
+  float scale;
+};
+
+// Writes o for every (batch, row, head) of `a`.
+void run_attention(const AttnArgs& a);
+
+}  // namespace etserve

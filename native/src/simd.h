@@ -1,0 +1,311 @@
+// Vector helpers over contiguous floats for etserve's attention kernels
+// (attention.cpp): dot products, masked max, exp-and-sum, weighted sums of
+// value rows. AVX2+FMA when the compiler targets it, scalar otherwise.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ETS_AVX2 1
+#if defined(__AVX512F__)
+#define ETS_AVX512 1
+#endif
+#endif
+
+namespace etserve::simd {
+
+#ifdef ETS_AVX2
+inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+// exp(x) for x <= 0 (softmax arguments), Cephes-style: x = n ln2 + r,
+// degree-6 polynomial for e^r, 2^n through the exponent bits. Relative error
+// ~2e-7; inputs below -87 (including -inf) give ~1e-38 instead of 0.
+inline __m256 exp256(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 hi = _mm256_set1_ps(88.0f);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r2 = _mm256_mul_ps(r, r);
+  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+#ifdef ETS_AVX512
+// The two 256-bit halves of v added: 16 lanes -> 8 with the same total.
+inline __m256 half_sum(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#endif
+
+#ifdef ETS_AVX2
+// Eight horizontal sums packed into one vector: lane r = sum of a[r].
+inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                      __m256 a5, __m256 a6, __m256 a7) {
+  __m256 s01 = _mm256_hadd_ps(a0, a1);  // a0 01,23 a1 01,23 | a0 45,67 a1 45,67
+  __m256 s23 = _mm256_hadd_ps(a2, a3);
+  __m256 s45 = _mm256_hadd_ps(a4, a5);
+  __m256 s67 = _mm256_hadd_ps(a6, a7);
+  __m256 s0123 = _mm256_hadd_ps(s01, s23);  // lanes: a0 a1 a2 a3 (low halves) | (high)
+  __m256 s4567 = _mm256_hadd_ps(s45, s67);
+  __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+  __m256 hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+#endif
+
+// res[r] = dot(q, k + r * ks) for r in 0..8.
+inline void dot8(const float* q, const float* k, int64_t ks, int64_t D, float* res) {
+  int64_t d = 0;
+#ifdef ETS_AVX512
+  if (D % 16 == 0) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    __m512 a4 = _mm512_setzero_ps(), a5 = _mm512_setzero_ps();
+    __m512 a6 = _mm512_setzero_ps(), a7 = _mm512_setzero_ps();
+    for (; d < D; d += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + d);
+      const float* kd = k + d;
+      a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd), a0);
+      a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd + ks), a1);
+      a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd + 2 * ks), a2);
+      a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd + 3 * ks), a3);
+      a4 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd + 4 * ks), a4);
+      a5 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd + 5 * ks), a5);
+      a6 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd + 6 * ks), a6);
+      a7 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kd + 7 * ks), a7);
+    }
+    _mm256_storeu_ps(res, hsum8x8(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3),
+                                  half_sum(a4), half_sum(a5), half_sum(a6), half_sum(a7)));
+    return;
+  }
+#endif
+#ifdef ETS_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  __m256 a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps();
+  __m256 a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
+  for (; d + 8 <= D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    const float* kd = k + d;
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd + ks), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd + 2 * ks), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd + 3 * ks), a3);
+    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd + 4 * ks), a4);
+    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd + 5 * ks), a5);
+    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd + 6 * ks), a6);
+    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kd + 7 * ks), a7);
+  }
+  _mm256_storeu_ps(res, hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7));
+#else
+  for (int r = 0; r < 8; ++r) res[r] = 0.f;
+#endif
+  for (; d < D; ++d) {
+    const float qd = q[d];
+    for (int r = 0; r < 8; ++r) res[r] += qd * k[r * ks + d];
+  }
+}
+
+inline float dot1(const float* q, const float* k, int64_t D) {
+  int64_t d = 0;
+  float s = 0;
+#ifdef ETS_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (; d + 16 <= D; d += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+  }
+  for (; d + 8 <= D; d += 8)
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+  s = hsum256(_mm256_add_ps(a0, a1));
+#endif
+  for (; d < D; ++d) s += q[d] * k[d];
+  return s;
+}
+
+// Adds m[0..n) to p (if m) and returns max(p).
+inline float add_max(float* p, const float* m, int64_t n) {
+  int64_t j = 0;
+  float mx = -INFINITY;
+#ifdef ETS_AVX2
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  if (m) {
+    for (; j + 8 <= n; j += 8) {
+      __m256 x = _mm256_add_ps(_mm256_loadu_ps(p + j), _mm256_loadu_ps(m + j));
+      _mm256_storeu_ps(p + j, x);
+      vm = _mm256_max_ps(vm, x);
+    }
+  } else {
+    for (; j + 8 <= n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(p + j));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  mx = _mm_cvtss_f32(h);
+#endif
+  for (; j < n; ++j) {
+    if (m) p[j] += m[j];
+    mx = std::max(mx, p[j]);
+  }
+  return mx;
+}
+
+// p[j] = exp(p[j] - mx) in place; returns the sum.
+inline float exp_shift_sum(float* p, int64_t n, float mx) {
+  int64_t j = 0;
+  float sum = 0;
+#ifdef ETS_AVX2
+  __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j), m));
+    _mm256_storeu_ps(p + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum256(acc);
+#endif
+  for (; j < n; ++j) {
+    float e = std::exp(p[j] - mx);
+    p[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// o[0..D) += sum_j p[j] * v(j)[0..D), v(j) = v + j * vs.
+inline void weighted_acc(const float* p, int64_t n, const float* v, int64_t vs,
+                         int64_t D, float* o) {
+  int64_t d = 0;
+#ifdef ETS_AVX512
+  for (; d + 64 <= D; d += 64) {
+    __m512 a0 = _mm512_loadu_ps(o + d), a1 = _mm512_loadu_ps(o + d + 16);
+    __m512 a2 = _mm512_loadu_ps(o + d + 32), a3 = _mm512_loadu_ps(o + d + 48);
+    const float* vp = v + d;
+    for (int64_t j = 0; j < n; ++j, vp += vs) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp), a0);
+      a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 16), a1);
+      a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 32), a2);
+      a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 48), a3);
+    }
+    _mm512_storeu_ps(o + d, a0);
+    _mm512_storeu_ps(o + d + 16, a1);
+    _mm512_storeu_ps(o + d + 32, a2);
+    _mm512_storeu_ps(o + d + 48, a3);
+  }
+#endif
+#ifdef ETS_AVX2
+  for (; d + 64 <= D; d += 64) {
+    __m256 a0 = _mm256_loadu_ps(o + d), a1 = _mm256_loadu_ps(o + d + 8);
+    __m256 a2 = _mm256_loadu_ps(o + d + 16), a3 = _mm256_loadu_ps(o + d + 24);
+    __m256 a4 = _mm256_loadu_ps(o + d + 32), a5 = _mm256_loadu_ps(o + d + 40);
+    __m256 a6 = _mm256_loadu_ps(o + d + 48), a7 = _mm256_loadu_ps(o + d + 56);
+    const float* vp = v + d;
+    for (int64_t j = 0; j < n; ++j, vp += vs) {
+      const __m256 pj = _mm256_broadcast_ss(p + j);
+      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp), a0);
+      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 24), a3);
+      a4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 32), a4);
+      a5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 40), a5);
+      a6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 48), a6);
+      a7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 56), a7);
+    }
+    _mm256_storeu_ps(o + d, a0);
+    _mm256_storeu_ps(o + d + 8, a1);
+    _mm256_storeu_ps(o + d + 16, a2);
+    _mm256_storeu_ps(o + d + 24, a3);
+    _mm256_storeu_ps(o + d + 32, a4);
+    _mm256_storeu_ps(o + d + 40, a5);
+    _mm256_storeu_ps(o + d + 48, a6);
+    _mm256_storeu_ps(o + d + 56, a7);
+  }
+  for (; d + 32 <= D; d += 32) {
+    __m256 a0 = _mm256_loadu_ps(o + d), a1 = _mm256_loadu_ps(o + d + 8);
+    __m256 a2 = _mm256_loadu_ps(o + d + 16), a3 = _mm256_loadu_ps(o + d + 24);
+    const float* vp = v + d;
+    for (int64_t j = 0; j < n; ++j, vp += vs) {
+      const __m256 pj = _mm256_broadcast_ss(p + j);
+      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp), a0);
+      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vp + 24), a3);
+    }
+    _mm256_storeu_ps(o + d, a0);
+    _mm256_storeu_ps(o + d + 8, a1);
+    _mm256_storeu_ps(o + d + 16, a2);
+    _mm256_storeu_ps(o + d + 24, a3);
+  }
+  for (; d + 8 <= D; d += 8) {
+    __m256 a0 = _mm256_loadu_ps(o + d);
+    const float* vp = v + d;
+    for (int64_t j = 0; j < n; ++j, vp += vs)
+      a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(vp), a0);
+    _mm256_storeu_ps(o + d, a0);
+  }
+#endif
+  if (d < D) {
+    const int64_t rest = D - d;
+    const float* vp = v + d;
+    for (int64_t j = 0; j < n; ++j, vp += vs) {
+      const float pj = p[j];
+      for (int64_t t = 0; t < rest; ++t) o[d + t] += pj * vp[t];
+    }
+  }
+}
+
+// dst[0..n) = (x[0..n) - zero_point) * scale: one int8 row dequantized.
+inline void dequant_row(const int8_t* x, int64_t n, float scale, int32_t zero_point, float* dst) {
+  int64_t d = 0;
+#ifdef ETS_AVX2
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256 vz = _mm256_set1_ps(static_cast<float>(zero_point));
+  for (; d + 8 <= n; d += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + d));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_sub_ps(f, vz), vs));
+  }
+#endif
+  for (; d < n; ++d) dst[d] = (static_cast<float>(x[d]) - static_cast<float>(zero_point)) * scale;
+}
+
+// x[0..n) *= s.
+inline void scale_row(float* x, int64_t n, float s) {
+  int64_t d = 0;
+#ifdef ETS_AVX2
+  const __m256 vs = _mm256_set1_ps(s);
+  for (; d + 8 <= n; d += 8) _mm256_storeu_ps(x + d, _mm256_mul_ps(_mm256_loadu_ps(x + d), vs));
+#endif
+  for (; d < n; ++d) x[d] *= s;
+}
+
+// Returns max(p[0..n)) (-inf for n == 0).
+inline float max_of(const float* p, int64_t n) { return add_max(const_cast<float*>(p), nullptr, n); }
+
+}  // namespace etserve::simd
