@@ -189,6 +189,7 @@ int sample_logits(const float* logits, int64_t vocab, const ets_sampling* p, uin
 
 }  // namespace
 
+#ifndef ETSERVE_TEST_HOOKS  // the ABI over a model; the test library's copy has only the core above
 extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_state,
                           int32_t* token_out, float* logprob_out) {
   if (m == nullptr || p == nullptr || rng_state == nullptr || token_out == nullptr) {
@@ -201,26 +202,6 @@ extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_sta
   return status == ETS_OK ? ETS_OK : m->fail(status, why);
 }
 
-// TEST-ONLY: `n` draws of the sampler over caller-given logits (the rng state runs on from one
-// to the next), so tests can check its distribution against a reference without a model
-// (tests/native/test_sampler.py). logprobs_out may be NULL.
-extern "C" ETS_API int etserve_test_sample(const float* logits, int64_t vocab, const ets_sampling* p,
-                                           uint64_t* rng_state, int32_t n, int32_t* tokens_out,
-                                           float* logprobs_out) {
-  if (logits == nullptr || vocab < 1 || p == nullptr || rng_state == nullptr || n < 0 ||
-      tokens_out == nullptr) {
-    return ETS_ERR_INVALID_ARGUMENT;
-  }
-  std::vector<float> scratch;
-  std::vector<int32_t> order;
-  const char* why = "";
-  for (int32_t i = 0; i < n; ++i) {
-    int status = sample_logits(logits, vocab, p, rng_state, scratch, order, tokens_out + i,
-                               logprobs_out != nullptr ? logprobs_out + i : nullptr, &why);
-    if (status != ETS_OK) return status;
-  }
-  return ETS_OK;
-}
 
 extern "C" int ets_top_logprobs(ets_model* m, int32_t k, int32_t* ids_out, float* logprobs_out) {
   if (m == nullptr || ids_out == nullptr || logprobs_out == nullptr || k < 0) {
@@ -242,3 +223,27 @@ extern "C" int ets_top_logprobs(ets_model* m, int32_t k, int32_t* ids_out, float
   }
   return ETS_OK;
 }
+
+#else
+// Built into libetserve_test.so only (native/Makefile compiles this file again with
+// ETSERVE_TEST_HOOKS for it): `n` draws of the sampler over caller-given logits (the rng state runs on from one
+// to the next), so tests can check its distribution against a reference without a model
+// (tests/native/test_sampler.py). logprobs_out may be NULL.
+extern "C" ETS_API int etserve_test_sample(const float* logits, int64_t vocab, const ets_sampling* p,
+                                           uint64_t* rng_state, int32_t n, int32_t* tokens_out,
+                                           float* logprobs_out) {
+  if (logits == nullptr || vocab < 1 || p == nullptr || rng_state == nullptr || n < 0 ||
+      tokens_out == nullptr) {
+    return ETS_ERR_INVALID_ARGUMENT;
+  }
+  std::vector<float> scratch;
+  std::vector<int32_t> order;
+  const char* why = "";
+  for (int32_t i = 0; i < n; ++i) {
+    int status = sample_logits(logits, vocab, p, rng_state, scratch, order, tokens_out + i,
+                               logprobs_out != nullptr ? logprobs_out + i : nullptr, &why);
+    if (status != ETS_OK) return status;
+  }
+  return ETS_OK;
+}
+#endif  // ETSERVE_TEST_HOOKS

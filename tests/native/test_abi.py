@@ -64,3 +64,13 @@ def test_native_errors_carry_a_status():
     assert NativeError("x", 4).code is Status.STATE
     assert NativeError("x").code is Status.RUNTIME
     assert NativeError("x", 99).code == 99  # unknown to the binding: kept as the number
+
+
+TEST_ENTRY_POINTS = ("etserve_test_sample", "etserve_test_custom_sdpa", "etserve_test_update_cache",
+                     "etserve_test_custom_quantized_sdpa", "etserve_test_sdpa_with_kv_cache")
+
+
+def test_test_entry_points_live_only_in_the_test_library(etserve_lib, etserve_test_lib):
+    for name in TEST_ENTRY_POINTS:
+        assert not hasattr(etserve_lib, name), f"libetserve.so exports {name}: it belongs in libetserve_test.so"
+        assert hasattr(etserve_test_lib, name), name

@@ -21,8 +21,8 @@ Z_LIMIT = 4.5  # one-sided normal quantile: p ~ 3.4e-6
 
 
 @pytest.fixture(scope="module")
-def sample_fn(etserve_lib):
-    fn = etserve_lib.etserve_test_sample
+def sample_fn(etserve_test_lib):
+    fn = etserve_test_lib.etserve_test_sample
     fn.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.POINTER(_Sampling),
                    ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
                    ctypes.POINTER(ctypes.c_float)]
