@@ -149,14 +149,14 @@ def build(
                 "build_seconds": round(stages.elapsed(), 1),
                 "export_seconds": round(export_seconds, 1),
                 "peak_rss_mb": stages.peak_rss_mb(),
+                "hqq": {"computed": hqq_cache.misses, "replayed": hqq_cache.hits,
+                        "seconds": round(hqq_cache.seconds, 1)},
                 "stages": [{"stage": r.label, "seconds": r.seconds, "cpu_seconds": r.cpu_seconds,
                             "peak_rss_mb": r.peak_rss_mb} for r in stages.records],
                 "versions": {d: _dist_version(d) for d in ("torch", "executorch", "gguf", "tokenizers")},
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             _install(tmp, target)
-        if hqq_cache.save():
-            print(f"saved the quantization cache {hqq_cache.path}", file=sys.stderr)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

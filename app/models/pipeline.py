@@ -7,11 +7,18 @@ quantization with HQQ scales, 4-bit embeddings, the custom sdpa/KV-cache modules
 it, remove redundant transposes, lower to XNNPACK (``to_edge_transform_and_lower`` with the
 dynamic-quantization partitioner, then the general one), ``to_executorch``, and write the ``.pte``.
 This module runs those same library calls in the same order, so the program is the one
-``export_llama`` writes, with three differences in how, not what:
+``export_llama`` writes, with four differences in how, not what:
 
 - each step is a stage of the build, so the closing summary says where the time went;
 - torchao's HQQ scale search goes through ``quant_cache.HqqCache`` (replayed at other context lengths);
-- the pt2e quantization and etrecord paths, which our config never takes, are not entered.
+- the pt2e quantization and etrecord paths, which our config never takes, are not entered;
+- ``LLMEdgeManager.to_edge_transform_and_lower`` exports the already exported graph a second time
+  (strict ``torch.export`` of its ``.module()``, then ``run_decompositions``), so that graph changes
+  made by pt2e quantization reach the program; with no pt2e quantizer the only change is the
+  redundant-transpose pass, which ``reexport=False`` (the default) applies to the exported program
+  itself and hands that to ``to_edge_transform_and_lower``. On a profiled Qwen build the second
+  export was a quarter of the wall time; tests/models/test_pipeline.py checks both ways write
+  ``export_llama``'s bytes.
 
 Any other configuration is refused (``check_config``) rather than exported differently.
 """
@@ -82,7 +89,7 @@ def _cwd(path: Path) -> Iterator[None]:
 
 
 def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_cache: Optional[HqqCache] = None,
-                   verbose: bool = False) -> Path:
+                   verbose: bool = False, reexport: bool = False) -> Path:
     """Export ``cfg`` to ``output`` (a ``.pte``) in ``STAGES`` stages of ``stages``."""
     import torch
 
@@ -104,17 +111,34 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
         with stages.stage("loading the checkpoint, quantizing (HQQ), source transforms"), hqq_cache.active():
             manager = lib._prepare_for_llama_export(cfg)
         print(hqq_cache.summary(), file=sys.stderr)
+        if hqq_cache.save():
+            print(f"saved the quantization cache {hqq_cache.path}", file=sys.stderr)
 
         with stages.stage("torch.export"):
-            manager.export()
-            manager.run_canonical_optimizations()
+            if reexport:
+                manager.export()
+                manager.run_canonical_optimizations()
+            else:
+                from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
+
+                program = manager._export()
+                for p in manager.canonical_passes:
+                    assert isinstance(p, RemoveRedundantTransposes), p
+                    p(program.graph_module)
 
         with stages.stage("to_edge_transform_and_lower (XNNPACK)"):
             partitioners = [get_xnnpack_partitioner(dynamic_quant_only_partitioner=True, enable_bf16=enable_bf16)]
             if cfg.backend.xnnpack.extended_ops:
                 partitioners.append(get_xnnpack_partitioner(dynamic_quant_only_partitioner=False,
                                                             enable_bf16=enable_bf16))
-            manager = manager.to_edge_transform_and_lower(partitioners)
+            if reexport:
+                manager = manager.to_edge_transform_and_lower(partitioners)
+            else:
+                from executorch.exir import to_edge_transform_and_lower
+
+                manager.edge_manager = to_edge_transform_and_lower(
+                    program, partitioner=partitioners, compile_config=manager._get_edge_config(),
+                    constant_methods=manager.metadata)
             if verbose:
                 from executorch.devtools.backend_debug import print_delegation_info
 

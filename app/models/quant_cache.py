@@ -11,7 +11,8 @@ exporter does runs unchanged, so a build that hits the cache produces the tensor
 misses it computes, bit for bit.
 
 One cache file holds a model's results for one set of quantization options and library versions
-(``cache_file``); the file is written once, atomically, after a successful export.
+(``cache_file``); it is written atomically as soon as the weights are quantized, so a build that
+fails later (out of memory while lowering, interrupted) does not lose them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -105,6 +107,7 @@ class HqqCache:
         self.new: dict[str, dict[str, Any]] = {}
         self.hits = 0
         self.misses = 0
+        self.seconds = 0.0  # spent in the HQQ function or its replay, hashing included
         if path is not None and path.is_file():
             import torch
 
@@ -120,16 +123,20 @@ class HqqCache:
         def cached_hqq(hp_tensor, block_size, qmin, qmax, **kwargs):
             if kwargs.get("stochastic"):
                 return fn(hp_tensor, block_size, qmin, qmax, **kwargs)
-            key = tensor_key(hp_tensor, block_size, qmin, qmax, kwargs)
-            entry = self.entries.get(key) or self.new.get(key)
-            if entry is not None:
-                self.hits += 1
-                qdata, scale = unpack(entry)
-                return qdata, scale.to(hp_tensor.dtype)
-            self.misses += 1
-            qdata, scale = fn(hp_tensor, block_size, qmin, qmax, **kwargs)
-            self.new[key] = pack(qdata, scale, qmin, qmax)
-            return qdata, scale
+            t0 = time.monotonic()
+            try:
+                key = tensor_key(hp_tensor, block_size, qmin, qmax, kwargs)
+                entry = self.entries.get(key) or self.new.get(key)
+                if entry is not None:
+                    self.hits += 1
+                    qdata, scale = unpack(entry)
+                    return qdata, scale.to(hp_tensor.dtype)
+                self.misses += 1
+                qdata, scale = fn(hp_tensor, block_size, qmin, qmax, **kwargs)
+                self.new[key] = pack(qdata, scale, qmin, qmax)
+                return qdata, scale
+            finally:
+                self.seconds += time.monotonic() - t0
 
         cached_hqq.__wrapped__ = fn
         return cached_hqq
@@ -155,12 +162,14 @@ class HqqCache:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        entries = {**self.entries, **self.new}
         try:
-            torch.save({"format": FORMAT_VERSION, "entries": {**self.entries, **self.new}}, tmp)
+            torch.save({"format": FORMAT_VERSION, "entries": entries}, tmp)
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
+        self.entries, self.new = entries, {}
         return True
 
     def summary(self) -> str:
-        return f"HQQ cache: {self.hits} hits, {self.misses} computed"
+        return f"HQQ: {self.misses} weights computed, {self.hits} replayed from the cache, {self.seconds:.1f}s"

@@ -55,6 +55,7 @@ def test_cached_quantization_equals_computed(tmp_path):
     assert (first.hits, first.misses) == (0, 2)
     assert all(torch.equal(q, rq) and torch.equal(s, rs) for (q, s), (rq, rs) in zip(computed, reference))
     assert first.save() and path.is_file()
+    assert not first.save()  # written once
     assert _hqq().__name__ == quant_cache.HQQ_FUNCTION  # restored after the block
 
     second = HqqCache(path)
