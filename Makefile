@@ -10,8 +10,14 @@ MODEL ?= qwen2.5-coder-0.5b
 TEST_MODEL ?= smollm2-135m
 TEST_MODEL_OPTS ?= --max-seq-len 512
 PYTEST_ARGS ?=
+# Both cores: an export is mostly one Python thread, so the native library compiles while the
+# model exports, and `make test` exports its two models side by side (each peaks at 3-9 GB;
+# with less than 16 GB of memory they are exported one after the other). JOBS=1 for one at a time.
+JOBS ?= 2
+MAKEFLAGS += -j$(JOBS)
+PARALLEL_EXPORTS ?= $(shell awk '/^MemTotal:/ {print ($$2 >= 16 * 1024 * 1024) ? 1 : 0}' /proc/meminfo 2>/dev/null)
 
-.PHONY: help setup native model test-model serve test bench clean system-packages wheel serve-only agents
+.PHONY: help setup native model test-model test-model-small serve test bench clean system-packages wheel serve-only agents
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page. Installed only when missing; needs root or sudo.
@@ -21,6 +27,7 @@ help:
 	@echo "make serve   set up, build the native library and $(MODEL), serve on 127.0.0.1:8000"
 	@echo "make test    set up, build the native library and the test model, run the tests"
 	@echo "make setup   virtualenv + packages only;  make native   the C++ runtime only"
+	@echo "             (two jobs at a time by default: JOBS=1 for one)"
 	@echo "make bench   the speed table of ratios (bench/report.py); builds nothing"
 	@echo "make wheel   dist/etserve-*.whl: a platform wheel carrying the native runtime (no compiler on the box)"
 	@echo "make serve-only   that wheel without extras in $(SERVE_VENV)/ (no torch): what a serving box installs"
@@ -42,16 +49,22 @@ setup: $(VENV)/.installed native
 native: $(VENV)/.installed
 	$(MAKE) -C native PYTHON=$(abspath $(PY))
 
-model: setup
+# The export needs the packages, not the native library (they build side by side).
+model: $(VENV)/.installed
 	$(PY) -m app.models build $(MODEL)
 
 # The tests serve two models: the small fp32 test model for most of them, and the default
 # model (the one `make serve` builds) for tool calling with its own Hermes template.
-test-model: setup
+test-model-small: $(VENV)/.installed
 	$(PY) -m app.models build $(TEST_MODEL) $(TEST_MODEL_OPTS)
-	$(PY) -m app.models build $(MODEL)
 
-serve: model
+ifneq ($(PARALLEL_EXPORTS),1)
+test-model-small: | model
+endif
+
+test-model: model test-model-small
+
+serve: model native
 	ETSERVE_MODEL=$(MODEL) $(VENV)/bin/gunicorn -c gunicorn.conf.py
 
 system-packages:
@@ -74,7 +87,7 @@ agents:
 		npm install --prefix "$(AGENTS_DIR)" --no-audit --no-fund --loglevel=error $(AGENTS) && touch "$$stamp"; \
 	fi
 
-test: test-model system-packages agents
+test: test-model native system-packages agents
 	ETSERVE_AGENTS_DIR="$(AGENTS_DIR)" \
 	ETSERVE_TEST_MODEL_DIR="$$($(PY) -m app.models path $(TEST_MODEL) $(TEST_MODEL_OPTS))" \
 	ETSERVE_TEST_QWEN_DIR="$$($(PY) -m app.models path $(MODEL))" \

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     _add_model_args(b)
     b.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
     b.add_argument("--verbose", action="store_true", help="show the exporter's output")
+    b.add_argument("--no-quant-cache", dest="quant_cache", action="store_false",
+                   help="recompute the HQQ quantization even if a build at another context length cached it")
     _add_model_args(sub.add_parser("path", help="print the directory build would produce"))
     sub.add_parser("list", help="known models and their defaults")
     v = sub.add_parser("verify", help="compare the built .pte with a reference model on the same GGUF")
@@ -82,7 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Turn SIGTERM into SystemExit so the temp dirs are removed.
         signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
-        print(build(args.name, opts, out=out, force=args.force, verbose=args.verbose))
+        print(build(args.name, opts, out=out, force=args.force, verbose=args.verbose, quant_cache=args.quant_cache))
         return 0
     if args.command == "verify":
         from .verify import verify

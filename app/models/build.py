@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -34,19 +33,18 @@ def _install(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
 def build(
     name: str,
     options: BuildOptions,
     out: Optional[Path] = None,
     force: bool = False,
     verbose: bool = False,
+    quant_cache: bool = True,
 ) -> Path:
     """Build ``name`` with ``options`` (no-op if an identical complete build exists); returns its directory."""
+    from . import pipeline
     from .progress import Stages
+    from .quant_cache import HqqCache, cache_file
 
     spec = get_spec(name)
     target = model_dir(name, options, out)
@@ -60,7 +58,7 @@ def build(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the server may run as another user
     work = Path(tempfile.mkdtemp(prefix="etserve-ckpt-"))
-    stages = Stages(5)
+    stages = Stages(4 + pipeline.STAGES, prefix=f"{name}: ")
     print(f"building {name} ({options.variant}) into {target}", file=sys.stderr)
     try:
         with stages.stage("locating GGUF"):
@@ -90,21 +88,22 @@ def build(
             del reader, md
             shutil.copyfile(params_path, tmp / "params.json")
 
-        export_started = time.monotonic()
-        label = f"exporting model.pte ({options.quantize}, {'custom ops' if options.custom_ops else 'no custom ops'})"
-        with stages.stage(label):
-            from .export import export_pte, make_llm_config
+        from .export import make_llm_config
 
-            pte = tmp / "model.pte"
-            cfg = make_llm_config(
-                ckpt, params_path, options,
-                group_size=spec.group_size,
-                bos_id=tok_cfg["bos_token_id"],
-                eos_ids=tok_cfg["eos_token_ids"],
-                output=pte,
-            )
-            export_pte(cfg, pte, custom_ops=options.custom_ops, verbose=verbose)
-        export_seconds = time.monotonic() - export_started
+        pte = tmp / "model.pte"
+        cfg = make_llm_config(
+            ckpt, params_path, options,
+            group_size=spec.group_size,
+            bos_id=tok_cfg["bos_token_id"],
+            eos_ids=tok_cfg["eos_token_ids"],
+            output=pte,
+        )
+        quantized = options.quantize != "none" or options.embedding_quantize != "none"
+        hqq_cache = HqqCache(cache_file(spec, options, source["gguf_sha256"]) if quantized and quant_cache else None)
+        export_started = len(stages.records)
+        pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
+                                verbose=verbose)
+        export_seconds = sum(r.seconds for r in stages.records[export_started:])
 
         with stages.stage("writing manifest"):
             write_manifest(tmp, {
@@ -125,7 +124,11 @@ def build(
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "build_seconds": round(stages.elapsed(), 1),
                 "export_seconds": round(export_seconds, 1),
-                "peak_rss_mb": _peak_rss_mb(),
+                "peak_rss_mb": stages.peak_rss_mb(),
+                "hqq": {"computed": hqq_cache.misses, "replayed": hqq_cache.hits,
+                        "seconds": round(hqq_cache.seconds, 1)},
+                "stages": [{"stage": r.label, "seconds": r.seconds, "cpu_seconds": r.cpu_seconds,
+                            "peak_rss_mb": r.peak_rss_mb} for r in stages.records],
                 "versions": {d: _dist_version(d) for d in ("torch", "executorch", "gguf", "tokenizers")},
             })
             _install(tmp, target)
@@ -134,5 +137,7 @@ def build(
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if stages.records:
+            print(stages.summary(), file=sys.stderr)
     print(f"built {target} in {stages.elapsed():.0f}s", file=sys.stderr)
     return target

@@ -1,23 +1,69 @@
-"""Stage lines with elapsed seconds on stderr: ``[1/5] reading GGUF… 3.2s``."""
+"""Stage lines with elapsed seconds on stderr (``[1/5] reading GGUF… 3.2s``), and a closing table
+of every stage's wall seconds, CPU seconds (both cores busy: up to twice the wall time) and peak
+resident memory."""
 
 from __future__ import annotations
 
+import os
+import re
+import resource
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, TextIO
+from dataclasses import dataclass
+from typing import Iterator, Optional, TextIO
+
+
+@dataclass
+class StageRecord:
+    label: str
+    seconds: float
+    cpu_seconds: float  # this process and the children it waited for
+    peak_rss_mb: Optional[float]  # this process's peak during the stage (None: not measurable)
+    ok: bool
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _reset_peak_rss() -> bool:
+    """Restart the kernel's peak-RSS counter (VmHWM) of this process; False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb() -> Optional[float]:
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M)
+    except OSError:
+        m = None
+    return round(int(m.group(1)) / 1024, 1) if m else None
+
+
+def _maxrss_mb() -> float:
+    """The kernel's peak RSS of this process (MB); restarted, like VmHWM, by ``_reset_peak_rss``."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 class Stages:
     """Numbered build stages; long stages show a live timer (tty) or a line per minute (log)."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, total: int, stream: TextIO = sys.stderr, prefix: str = "") -> None:
         self.total = total
         self.index = 0
         self.stream = stream
+        self.prefix = prefix  # e.g. the model name, when several builds share a terminal
         self.started = time.monotonic()
         self.timings: dict[str, float] = {}
+        self.records: list[StageRecord] = []
 
     def _write(self, text: str) -> None:
         self.stream.write(text)
@@ -26,9 +72,11 @@ class Stages:
     @contextmanager
     def stage(self, label: str) -> Iterator[None]:
         self.index += 1
-        prefix = f"[{self.index}/{self.total}] {label}…"
+        prefix = f"{self.prefix}[{self.index}/{self.total}] {label}…"
         tty = self.stream.isatty()
         t0 = time.monotonic()
+        cpu0 = _cpu_seconds()
+        measured = _reset_peak_rss()
         done = threading.Event()
 
         def tick() -> None:
@@ -50,8 +98,27 @@ class Stages:
             timer.join()
             elapsed = time.monotonic() - t0
             self.timings[label] = round(elapsed, 1)
+            self.records.append(StageRecord(label, round(elapsed, 1), round(_cpu_seconds() - cpu0, 1),
+                                            _peak_rss_mb() if measured else None, ok))
             status = f"{elapsed:.1f}s" if ok else f"FAILED after {elapsed:.1f}s"
             self._write(f"\r{prefix} {status}\n" if tty else f"{prefix} {status}\n")
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    def peak_rss_mb(self) -> float:
+        """Peak resident memory of this process over all stages so far (MB)."""
+        return max([r.peak_rss_mb for r in self.records if r.peak_rss_mb is not None] + [_maxrss_mb()])
+
+    def summary(self) -> str:
+        """The table of stages: wall seconds, CPU seconds, peak RSS, and the whole build's line."""
+        width = max([len(r.label) for r in self.records] + [5])
+        lines = [f"{self.prefix}{'stage':<{width}}  {'seconds':>8}  {'cpu s':>8}  {'peak RSS':>9}"]
+        for r in self.records:
+            rss = f"{r.peak_rss_mb / 1024:.2f} GB" if r.peak_rss_mb is not None else "-"
+            flag = "" if r.ok else "  FAILED"
+            lines.append(f"{self.prefix}{r.label:<{width}}  {r.seconds:8.1f}  {r.cpu_seconds:8.1f}  {rss:>9}{flag}")
+        total_cpu = sum(r.cpu_seconds for r in self.records)
+        lines.append(f"{self.prefix}{'total':<{width}}  {self.elapsed():8.1f}  {total_cpu:8.1f}  "
+                     f"{self.peak_rss_mb() / 1024:6.2f} GB")
+        return "\n".join(lines)
