@@ -29,6 +29,7 @@ class OutputOptions:
     reasoning_started: bool | None = None
     tools: list[dict[str, Any]] | None = None  # OpenAI function tools whose calls are parsed out
     parallel_tool_calls: bool = True
+    n_indent: int = 0  # fill in the middle: end before a line indented less (llama.cpp's n_indent)
 
 
 @dataclass
@@ -65,7 +66,7 @@ class ChoicePipeline:
     """
 
     def __init__(self, generation: Generation, tokenizer: Tokenizer, options: OutputOptions = OutputOptions()):
-        self._text = TextStream(generation, tokenizer, options.stops)
+        self._text = TextStream(generation, tokenizer, options.stops, options.n_indent)
         self._splitter = None if options.reasoning_started is None \
             else ReasoningSplitter(started=options.reasoning_started)
         self._parser = StreamingToolParser(options.tools, parallel=options.parallel_tool_calls) \
@@ -82,6 +83,10 @@ class ChoicePipeline:
     @property
     def stop_sequence(self) -> str | None:
         return self._text.stop_sequence
+
+    @property
+    def indent_stopped(self) -> bool:
+        return self._text.indent_stopped
 
     @property
     def finish_reason(self) -> str | None:

@@ -7,20 +7,26 @@ from typing import Iterator
 
 from app.engine import Generation, PromptProgress, TokenEvent
 from app.text.detokenizer import IncrementalDetokenizer
-from app.text.stop import StopMatcher
+from app.text.stop import IndentStop, StopMatcher
 from app.text.tokenizer import Tokenizer
 
 
 class TextStream:
     """Iterate for text deltas; afterwards `finish_reason`, `stop_sequence` and `stats` say how it ended."""
 
-    def __init__(self, generation: Generation, tokenizer: Tokenizer, stops: tuple[str, ...] = ()):
+    def __init__(self, generation: Generation, tokenizer: Tokenizer, stops: tuple[str, ...] = (), n_indent: int = 0):
         self.generation = generation
         self.stats = generation.stats
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
         self._stops = StopMatcher(list(stops))
+        self._indent = IndentStop(n_indent)  # fill in the middle: the end of the cursor's block
         self.finish_reason: str | None = None
         self.events: list[TokenEvent] = []  # every token generated, in order
+
+    @property
+    def indent_stopped(self) -> bool:
+        """The text ended at a line indented less than n_indent."""
+        return self._indent.stopped
 
     @property
     def stop_sequence(self) -> str | None:
@@ -35,7 +41,7 @@ class TextStream:
                     yield event
                     continue
                 self.events.append(event)
-                text, stopped = self._stops.push(self._detok.push(event.token_id))
+                text, stopped = self._cut(*self._stops.push(self._detok.push(event.token_id)))
                 if text:
                     yield text
                 if stopped:
@@ -45,11 +51,19 @@ class TextStream:
             if not stopped:
                 tail += self._stops.flush()
                 stopped = self._stops.stopped  # a stop inside a longer one completes only here
+            tail, stopped = self._cut(tail, stopped)
+            if not stopped:
+                tail += self._indent.flush()
             if tail:
                 yield tail
             self.finish_reason = "stop" if stopped else self.stats.finish_reason
         finally:
             self.generation.close()  # stops decoding at once if we left early
+
+    def _cut(self, text: str, stopped: bool) -> tuple[str, bool]:
+        """Text the stop strings let through, cut where the indentation leaves the block."""
+        text, left = self._indent.push(text)
+        return text, stopped or left
 
     def text(self) -> str:
         """Run to the end and return the whole text."""

@@ -62,3 +62,43 @@ class StopMatcher:
             if any(len(s) > len(tail) and s.startswith(tail) for s in self._stops):
                 return pos
         return None
+
+
+class IndentStop:
+    """llama.cpp's `n_indent` for fill in the middle: the middle ends before the first line that is
+    indented less than `n_indent` columns (a tab counts one, as there), i.e. where the model leaves
+    the block the cursor is in. The first line (the rest of the cursor's) is never checked; a line's
+    indentation is held back until its first other character decides it.
+    """
+
+    def __init__(self, n_indent: int) -> None:
+        self._n = n_indent
+        self._held = ""  # a newline and the indentation after it, undecided
+        self.stopped = False
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit now, stopped?)."""
+        if self.stopped or self._n <= 0:
+            return ("", True) if self.stopped else (text, False)
+        out = []
+        for ch in text:
+            if self._held:
+                if ch in " \t":
+                    self._held += ch
+                    continue
+                if len(self._held) - 1 < self._n:  # a line (or an empty one) left of the block
+                    self.stopped = True
+                    out.append("\n")  # the middle keeps its last newline
+                    self._held = ""
+                    return "".join(out), True
+                out.append(self._held)
+                self._held = ""
+            if ch == "\n":
+                self._held = "\n"
+            else:
+                out.append(ch)
+        return "".join(out), False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held

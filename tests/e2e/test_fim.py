@@ -11,8 +11,13 @@ import openai
 import pytest
 import requests
 
-PREFIX = "def is_even(n: int) -> bool:\n    \"\"\"True when n is divisible by two.\"\"\"\n"
-SUFFIX = "\n\n\nassert is_even(4) and not is_even(7)\n"
+# What an editor sends with the cursor inside a function body: the text before it (ending in the
+# body's indentation) and after it. The instruct model writes the right line, then goes on past the
+# gap; editors bound the middle with n_indent (llama.vscode sends the cursor line's indentation).
+PREFIX = "def add(a, b):\n    "
+SUFFIX = "\n\nprint(add(1, 2))\n"
+LOOP_PREFIX = "def total(xs):\n    s = 0\n    for x in xs:\n        "
+LOOP_SUFFIX = "\n    return s\n"
 
 
 def post(srv, path, body, **kw):
@@ -21,24 +26,25 @@ def post(srv, path, body, **kw):
 
 def test_suffix_on_completions_fills_the_middle_so_the_file_parses(qwen_server):
     client = openai.OpenAI(base_url=qwen_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    r = client.completions.create(model="whatever-the-editor-sends", prompt=PREFIX, suffix=SUFFIX,
-                                  max_tokens=48, temperature=0)
-    middle = r.choices[0].text
-    assert middle.strip() and "<|" not in middle
-    ast.parse(PREFIX + middle + SUFFIX)  # the infill completes the function body
-    assert r.choices[0].finish_reason == "stop"  # the model ended the middle itself
+    for prefix, suffix, expected in ((PREFIX, SUFFIX, "a + b"), (LOOP_PREFIX, LOOP_SUFFIX, "x")):
+        r = client.completions.create(model="whatever-the-editor-sends", prompt=prefix, suffix=suffix,
+                                      max_tokens=24, temperature=0)
+        middle = r.choices[0].text
+        assert r.model != "whatever-the-editor-sends"
+        line = middle.split("\n")[0]
+        assert expected in line and "<|" not in middle, middle
+        ast.parse(prefix + line + suffix)  # the middle's line completes the code around it
+        plain = client.completions.create(model="m", prompt=prefix, max_tokens=24, temperature=0)
+        assert plain.choices[0].text != middle  # the suffix is in the prompt: it changes the answer
 
 
-def test_infill_equals_completions_suffix_and_streams_the_same_text(qwen_server):
-    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 48, "temperature": 0,
+def test_infill_with_n_indent_ends_the_middle_where_the_block_ends(qwen_server):
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 48, "temperature": 0, "n_indent": 4,
             "cache_prompt": True, "samplers": ["top_k", "temperature"], "t_max_predict_ms": 2500}
     whole = post(qwen_server, "/infill", body).json()
-    same = post(qwen_server, "/v1/completions", {"prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 48,
-                                                 "temperature": 0}).json()
-    assert whole["content"] == same["choices"][0]["text"]
-    assert whole["stop"] is True and whole["stop_type"] == "eos"
-    assert whole["tokens_predicted"] == same["usage"]["completion_tokens"]
-    assert whole["tokens_evaluated"] == same["usage"]["prompt_tokens"]
+    assert whole["stop"] is True and whole["stop_type"] == "limit", whole
+    assert whole["content"].startswith("return a + b") and whole["content"].count("\n") <= 2, whole["content"]
+    ast.parse(PREFIX + whole["content"] + SUFFIX)
 
     with post(qwen_server, "/infill", {**body, "stream": True}, stream=True) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -47,6 +53,17 @@ def test_infill_equals_completions_suffix_and_streams_the_same_text(qwen_server)
     chunks = [json.loads(line.removeprefix(b"data: ")) for line in lines if line.startswith(b"data: ")]
     assert chunks[-1]["stop"] is True and not any(c["stop"] for c in chunks[:-1])
     assert "".join(c["content"] for c in chunks) == whole["content"]
+    assert chunks[-1]["stop_type"] == "limit"
+
+
+def test_infill_equals_completions_suffix(qwen_server):
+    whole = post(qwen_server, "/infill", {"input_prefix": LOOP_PREFIX, "input_suffix": LOOP_SUFFIX,
+                                          "n_predict": 16, "temperature": 0}).json()
+    same = post(qwen_server, "/v1/completions", {"prompt": LOOP_PREFIX, "suffix": LOOP_SUFFIX, "max_tokens": 16,
+                                                 "temperature": 0}).json()
+    assert whole["content"] == same["choices"][0]["text"]
+    assert whole["tokens_predicted"] == same["usage"]["completion_tokens"]
+    assert whole["tokens_evaluated"] == same["usage"]["prompt_tokens"]
 
 
 def test_infill_typed_text_and_extra_files_change_the_prompt(qwen_server):
@@ -65,8 +82,8 @@ def test_n_predict_limits_and_stop_words_end_the_middle(qwen_server):
                                       "temperature": 0}).json()
     assert r["tokens_predicted"] == 2 and r["stop_type"] == "limit"
     r = post(qwen_server, "/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 48,
-                                      "temperature": 0, "stop": ["return"]}).json()
-    assert r["stop_type"] == "word" and r["stopping_word"] == "return" and "return" not in r["content"]
+                                      "temperature": 0, "stop": ["+"]}).json()
+    assert r["stop_type"] == "word" and r["stopping_word"] == "+" and r["content"] == "return a "
 
 
 @pytest.mark.parametrize("body, param", [
@@ -77,6 +94,7 @@ def test_n_predict_limits_and_stop_words_end_the_middle(qwen_server):
     ({"input_prefix": "x", "n_predict": 4, "max_tokens": 4}, "n_predict"),
     ({"input_prefix": "x", "temperature": 9}, "temperature"),
     ({"input_prefix": "x", "ignore_eos": True}, "ignore_eos"),
+    ({"input_prefix": "x", "n_indent": -1}, "n_indent"),
 ])
 def test_bad_infill_requests_are_refused_by_name(qwen_server, body, param):
     r = post(qwen_server, "/infill", body)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.text.stop import StopMatcher
+import pytest
+
+from app.text.stop import IndentStop, StopMatcher
 
 
 def expected(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -90,3 +92,32 @@ def test_no_or_empty_stops_pass_through():
 
 def test_unicode():
     assert run(["你好", "世", "界"], ["世界"]) == ("你好", True)
+
+
+# --------------------------------------------------------------------- n_indent (fill in the middle)
+
+
+
+def run_indent(n: int, pieces: list[str]) -> tuple[str, bool]:
+    stop, out = IndentStop(n), []
+    for piece in pieces:
+        text, stopped = stop.push(piece)
+        out.append(text)
+        if stopped:
+            return "".join(out), True
+    return "".join(out) + stop.flush(), False
+
+
+@pytest.mark.parametrize("text, n, expected, stopped", [
+    ("return a + b\n\nprint(add(3, 4))", 4, "return a + b\n", True),  # an empty line leaves the block
+    ("s += x\n    return s\n\ndef mean(xs):", 4, "s += x\n    return s\n", True),
+    ("s += x\n        t += 1\n    return s", 8, "s += x\n        t += 1\n", True),
+    ("x = 1\n\ty = 2\nz", 1, "x = 1\n\ty = 2\n", True),  # a tab counts one column, as in llama.cpp
+    ("first line is never checked\n    and so on   ", 4, "first line is never checked\n    and so on   ", False),
+    ("anything\nat all", 0, "anything\nat all", False),  # 0: no such end
+    ("ends in indentation\n  ", 4, "ends in indentation\n  ", False),  # undecided at the end: kept
+])
+def test_indent_stop_whatever_the_cuts(text, n, expected, stopped):
+    for size in (1, 2, 3, 5, len(text)):
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        assert run_indent(n, pieces) == (expected, stopped), size

@@ -20,7 +20,7 @@ from app.text.fim import ExtraFile
 MAX_EXTRA_FILES = 64
 # llama.cpp request fields with no counterpart here: its prompt cache is always on here, its
 # sampler order, slot, time limits and indent heuristics are its own.
-IGNORED = ("cache_prompt", "samplers", "t_max_prompt_ms", "t_max_predict_ms", "n_indent", "id_slot",
+IGNORED = ("cache_prompt", "samplers", "t_max_prompt_ms", "t_max_predict_ms", "id_slot",
            "response_fields", "n_keep", "n_cache_reuse", "return_tokens", "timings_per_token", "post_sampling_probs",
            "typical_p", "dynatemp_range", "dynatemp_exponent", "xtc_probability", "xtc_threshold", "mirostat",
            "mirostat_tau", "mirostat_eta", "repeat_last_n", "dry_multiplier", "dry_base", "dry_allowed_length",
@@ -36,6 +36,7 @@ class InfillRequest:
     suffix: str
     extra: tuple[ExtraFile, ...]
     typed: str  # llama.cpp's `prompt`: what the user already wrote of the middle
+    n_indent: int  # the middle ends before a line indented less than this (0: no such end)
     params: GenerationParams
     stream: bool
     session_id: str | None = None
@@ -61,13 +62,15 @@ def parse_infill_request(body: Any) -> InfillRequest:
     suffix = f.string("input_suffix", "")
     typed = f.string("prompt", "")
     extra = _extra(f.raw("input_extra"))
+    n_indent = f.integer("n_indent", 0, lo=0, hi=4096)
     params = parse_generation_params(f)
     stream = f.boolean("stream", False)
     session_id = parse_session_id(f.raw("session_id"))
     for name in IGNORED + ("ignore_eos", "n_probs"):
         f.raw(name)
     f.reject_unknown()
-    return InfillRequest(model=model, prefix=prefix, suffix=suffix, extra=extra, typed=typed, params=params,
+    return InfillRequest(model=model, prefix=prefix, suffix=suffix, extra=extra, typed=typed, n_indent=n_indent,
+                         params=params,
                          stream=stream, session_id=session_id)
 
 

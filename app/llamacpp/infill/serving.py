@@ -38,11 +38,12 @@ class Infill:
 
     def _pipeline(self, prepared: PreparedInfill, cancel: CancelToken) -> ChoicePipeline:
         return ChoicePipeline(self.model.engine.generate(prepared.generation, cancel), self.model.tokenizer,
-                              OutputOptions(stops=prepared.request.params.stop))
+                              OutputOptions(stops=prepared.request.params.stop, n_indent=prepared.request.n_indent))
 
     def complete(self, prepared: PreparedInfill, cancel: CancelToken) -> dict[str, Any]:
-        out = self._pipeline(prepared, cancel).run()
-        return shapes.final(self.model.id, out.content, out.stats, out.finish_reason, out.stop_sequence,
+        pipeline = self._pipeline(prepared, cancel)
+        out = pipeline.run()
+        return shapes.final(self.model.id, out.content, out.stats, _stop_type(pipeline), out.stop_sequence,
                             timings(out.stats))
 
     def stream(self, prepared: PreparedInfill, cancel: CancelToken) -> Iterator[dict[str, Any]]:
@@ -50,5 +51,9 @@ class Infill:
         for delta in pipeline:  # no reasoning or tools here: every delta is text
             yield shapes.chunk(delta.text)
         if not pipeline.cancelled:
-            yield shapes.final(self.model.id, "", pipeline.stats, pipeline.finish_reason, pipeline.stop_sequence,
+            yield shapes.final(self.model.id, "", pipeline.stats, _stop_type(pipeline), pipeline.stop_sequence,
                                timings(pipeline.stats))
+
+
+def _stop_type(pipeline: ChoicePipeline) -> str:
+    return shapes.stop_type(pipeline.finish_reason, pipeline.stop_sequence, pipeline.indent_stopped)

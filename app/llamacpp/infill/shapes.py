@@ -10,7 +10,10 @@ from app.engine import GenerationStats
 _STOP_TYPE = {"stop": "eos", "length": "limit", "cancelled": "none"}
 
 
-def stop_type(finish_reason: str | None, stop_sequence: str | None) -> str:
+def stop_type(finish_reason: str | None, stop_sequence: str | None, indent_stopped: bool = False) -> str:
+    """llama.cpp's stop_type; its n_indent end is a "limit" there too."""
+    if indent_stopped:
+        return "limit"
     return "word" if stop_sequence else _STOP_TYPE.get(finish_reason or "", "none")
 
 
@@ -18,7 +21,7 @@ def chunk(content: str) -> dict[str, Any]:
     return {"index": 0, "content": content, "tokens": [], "stop": False}
 
 
-def final(model: str, content: str, stats: GenerationStats, finish_reason: str | None, stop_sequence: str | None,
+def final(model: str, content: str, stats: GenerationStats, stop: str, stop_sequence: str | None,
           timings: dict[str, Any]) -> dict[str, Any]:
     """The whole response, or (with the content already streamed, content "") the stream's last chunk."""
     return {
@@ -31,7 +34,7 @@ def final(model: str, content: str, stats: GenerationStats, finish_reason: str |
         "tokens_evaluated": stats.prompt_tokens,
         "tokens_cached": stats.cached_tokens,
         "truncated": False,
-        "stop_type": stop_type(finish_reason, stop_sequence),
+        "stop_type": stop,
         "stopping_word": stop_sequence or "",
         "has_new_line": "\n" in content,
         "timings": timings,
