@@ -11,7 +11,7 @@ TEST_MODEL ?= smollm2-135m
 TEST_MODEL_OPTS ?= --max-seq-len 512
 PYTEST_ARGS ?=
 
-.PHONY: help setup native model test-model serve test bench clean system-packages
+.PHONY: help setup native model test-model serve test bench bench-peer clean system-packages
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page. Installed only when missing; needs root or sudo.
@@ -21,7 +21,8 @@ help:
 	@echo "make serve   set up, build the native library and $(MODEL), serve on 127.0.0.1:8000"
 	@echo "make test    set up, build the native library and the test model, run the tests"
 	@echo "make setup   virtualenv + packages only;  make native   the C++ runtime only"
-	@echo "make bench   the speed table of ratios (bench/report.py); builds nothing"
+	@echo "make bench   the table of ratios (bench/report.py), against llama.cpp too; builds no model"
+	@echo "make bench-peer  build llama.cpp's server once into ~/.cache/etserve/peer (bench/peer.py)"
 
 # Packages. torch is pinned to the CPU build this environment keeps on disk; the
 # weight packages and executorch's runtime need none of their own dependencies.
@@ -65,10 +66,18 @@ test: test-model system-packages
 	ETSERVE_TEST_QWEN_DIR="$$($(PY) -m app.models path $(MODEL))" \
 		$(PY) -m pytest $(PYTEST_ARGS)
 
-# Measures what is already built (the venv, native/build, the cached models): builds nothing.
+# Measures what is already built (the venv, native/build, the cached models): builds no model.
+# The peer it compares with, llama.cpp's server, is built once when missing (bench-peer).
 BENCH_ARGS ?=
 bench:
 	$(PY) -m bench.report $(BENCH_ARGS)
+
+# llama.cpp's llama-server, llama-quantize and llama-perplexity from the llama-cpp-python sdist's
+# vendored source, and the default model's GGUF requantized to Q4_0, in ~/.cache/etserve/peer
+# (outside the repository; never a runtime dependency). About 20 minutes on 2 cores, once.
+bench-peer: $(VENV)/.installed
+	nice -n 10 $(PY) -m bench.peer build
+	$(PY) -m bench.peer gguf
 
 clean:
 	$(MAKE) -C native clean
