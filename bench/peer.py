@@ -29,6 +29,15 @@ PACKAGE = "llama-cpp-python"
 TARGETS = ("llama-server", "llama-quantize", "llama-perplexity")
 CMAKE_OPTIONS = ("-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                  "-DLLAMA_BUILD_EXAMPLES=OFF", "-DCMAKE_BUILD_TYPE=Release")
+# x86 instruction sets ggml may use, by /proc/cpuinfo flag. ggml's default (GGML_NATIVE,
+# -march=native) also turns on AMX where the CPU lists it, and on these VMs (Sapphire Rapids
+# guests) its AMX matmul dies on the first tile instruction (SIGILL: the guest does not enable
+# the tile state), so the build names every other set the CPU has instead. Our runtime
+# (XNNPACK) gets no AMX either.
+X86_SETS = (("sse4_2", "GGML_SSE42"), ("f16c", "GGML_F16C"), ("fma", "GGML_FMA"), ("bmi2", "GGML_BMI2"),
+            ("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("avx_vnni", "GGML_AVX_VNNI"),
+            ("avx512bw", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"),
+            ("avx512_vnni", "GGML_AVX512_VNNI"), ("avx512_bf16", "GGML_AVX512_BF16"))
 QUANT = "Q4_0"
 
 
@@ -48,13 +57,34 @@ def program(name: str) -> Path:
     return bin_dir() / name
 
 
+def options() -> list[str]:
+    return [*CMAKE_OPTIONS, *isa_options()]
+
+
 def is_built() -> bool:
-    return all(os.access(program(t), os.X_OK) for t in TARGETS)
+    """The programs are there, built with today's options (a cache built otherwise is rebuilt:
+    incrementally, in place)."""
+    stamp = peer_root() / "OPTIONS"
+    return (all(os.access(program(t), os.X_OK) for t in TARGETS) and stamp.is_file()
+            and stamp.read_text().split() == options())
 
 
 def version() -> str:
     stamp = peer_root() / "SOURCE"
     return stamp.read_text().strip() if stamp.is_file() else "unknown"
+
+
+def isa_options() -> list[str]:
+    """GGML_NATIVE off and each instruction set this x86 CPU lists on (AMX off); elsewhere, the
+    default native build."""
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":")[1].split())
+    except (OSError, StopIteration):
+        return []
+    if "avx2" not in flags:
+        return []
+    return ["-DGGML_NATIVE=OFF", *(f"-D{option}={'ON' if flag in flags else 'OFF'}" for flag, option in X86_SETS),
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
 def _log(msg: str) -> None:
@@ -90,9 +120,10 @@ def build(jobs: int = 2) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     src = _fetch_source(root)
     _log(f"building {', '.join(TARGETS)} in {src / 'build'} (about 20 minutes on 2 cores)")
-    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), *CMAKE_OPTIONS], check=True)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), *options()], check=True)
     subprocess.run(["cmake", "--build", str(src / "build"), "--target", *TARGETS, "-j", str(jobs)],
                    check=True)
+    (root / "OPTIONS").write_text("\n".join(options()) + "\n")
     if not is_built():
         raise SystemExit(f"build finished but {bin_dir()} lacks one of {TARGETS}")
     return bin_dir()
