@@ -4,7 +4,7 @@ The functions are bench/data/fim_functions.py (20, written for this bench). Each
 function with the middle third of its body's lines removed (at least two lines); both servers get
 the same request in llama.cpp's /infill shape:
 
-    POST /infill {"input_prefix": ..., "input_suffix": ..., "n_predict": 128, "temperature": 0}
+    POST /infill {"input_prefix": ..., "input_suffix": ..., "n_predict": 64, "temperature": 0}
 
 and an infill counts when it is not blank and prefix + infill + suffix parses (`ast.parse`). The
 row: etserve's count ÷ llama.cpp's (target ≥ 1.0: at least as many). Also printed: how many infills
@@ -24,7 +24,7 @@ from bench.table import Row, log
 
 FUNCTIONS = Path(__file__).resolve().parent / "data" / "fim_functions.py"
 NAME = "fim vs llama.cpp"
-N_PREDICT = 128
+N_PREDICT = 64
 
 
 @dataclass(frozen=True)
