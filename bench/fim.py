@@ -89,9 +89,10 @@ def score(url: str, all_cases: list[Case]) -> dict | None:
     return {"compiled": compiled, "exact": exact, "infills": texts}
 
 
-def fim_rows(sides: dict[str, str], results: dict) -> list[Row]:
-    """`sides`: {"etserve": url, "llama.cpp": url}, each serving the model."""
-    all_cases = cases()
+def fim_rows(sides: dict[str, str], results: dict, limit: int | None = None) -> list[Row]:
+    """`sides`: {"etserve": url, "llama.cpp": url}, each serving the model; `limit`: the first
+    cases only (a quick run)."""
+    all_cases = cases()[:limit]
     trivial = sum(parses(c.prefix + c.suffix) for c in all_cases)
     scores = {}
     for side, url in sides.items():

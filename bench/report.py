@@ -58,6 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--session-repeat", type=int, default=1)
     p.add_argument("--skip-smol", action="store_true")
     p.add_argument("--skip-fim", action="store_true")
+    p.add_argument("--fim-cases", type=int, default=None, help="the first N FIM cases only (default: all 20)")
     p.add_argument("--skip-perplexity", action="store_true")
     p.add_argument("--no-peer-build", action="store_true", help="report a missing peer instead of building it")
     p.add_argument("--json", type=Path, default=None, help="also write the raw measurements here")

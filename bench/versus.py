@@ -175,7 +175,7 @@ def peer_section(args, results: dict) -> list[Row]:
         results["rss"] = {"etserve": mem_et, f"llama.cpp -c {LONG_CONTEXT}": mem_llama}
         log(f"VmRSS: etserve {mem_et['VmRSS'] / 2**20:.0f} MiB, llama.cpp {mem_llama['VmRSS'] / 2**20:.0f} MiB")
         if not args.skip_fim:
-            extra_rows += fim_rows({"etserve": et_server.url, "llama.cpp": llama_server.url}, results)
+            extra_rows += fim_rows({"etserve": et_server.url, "llama.cpp": llama_server.url}, results, args.fim_cases)
         if not args.skip_perplexity:
             extra_rows += perplexity_rows(serve_dir, llama_server.url, args.threads, results)
     finally:
