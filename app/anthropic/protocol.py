@@ -20,8 +20,8 @@ from app.engine import SamplingParams
 from app.engine.sessions import MAX_SESSION_ID_CHARS
 from app.openai.chat.protocol import MAX_MESSAGES, ResponseFormat
 from app.openai.errors import APIError, invalid_value
-from app.openai.fields import Fields
-from app.openai.generation_params import MAX_STOP_CHARS, MAX_STOPS, GenerationParams
+from app.openai.fields import Fields, message_list
+from app.openai.generation_params import GenerationParams, stop_strings
 
 log = logging.getLogger("etserve")
 
@@ -144,12 +144,7 @@ def _system_text(where: str, value: Any, *, strip_billing: bool = False) -> str:
 
 def _messages(value: Any) -> tuple[list[str], list[dict[str, Any]]]:
     """(system texts found inside `messages`, the other turns in the chat convention)."""
-    if value is None:
-        raise APIError(400, "'messages' is required", code="missing_required_parameter", param="messages")
-    if not isinstance(value, list) or not value:
-        raise invalid_value("messages", "'messages' must be a non-empty array")
-    if len(value) > MAX_MESSAGES:
-        raise invalid_value("messages", f"'messages' holds at most {MAX_MESSAGES} entries")
+    value = message_list(value, MAX_MESSAGES)
     system: list[str] = []
     out: list[dict[str, Any]] = []
     tool_names: dict[str, str] = {}  # tool_use id -> tool name, for the tool messages that answer it
@@ -249,15 +244,7 @@ def _tool_use(where: str, block: dict[str, Any], tool_names: dict[str, str]) -> 
 
 
 def _stop_sequences(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid_value("stop_sequences", "'stop_sequences' must be an array of strings")
-    if len(value) > MAX_STOPS:
-        raise invalid_value("stop_sequences", f"'stop_sequences' takes at most {MAX_STOPS} strings")
-    if any(len(s) > MAX_STOP_CHARS for s in value):
-        raise invalid_value("stop_sequences", f"each stop sequence must be at most {MAX_STOP_CHARS} characters")
-    return tuple(s for s in value if s)
+    return stop_strings(value, "stop_sequences", one_string=False)
 
 
 def _tools(value: list[Any] | None) -> list[dict[str, Any]] | None:

@@ -96,6 +96,17 @@ class Fields:
             raise invalid_value(unknown[0], f"unknown parameter '{unknown[0]}'")
 
 
+def message_list(value: Any, limit: int, param: str = "messages") -> list[Any]:
+    """A required, non-empty array of at most `limit` entries (a conversation's messages)."""
+    if value is None:
+        raise APIError(400, f"'{param}' is required", code="missing_required_parameter", param=param)
+    if not isinstance(value, list) or not value:
+        raise invalid_value(param, f"'{param}' must be a non-empty array")
+    if len(value) > limit:
+        raise invalid_value(param, f"'{param}' holds at most {limit} entries")
+    return value
+
+
 def parse_stream(f: Fields) -> tuple[bool, bool]:
     """`stream` and `stream_options.include_usage`, as every completion route reads them."""
     stream = f.boolean("stream", False)

@@ -44,16 +44,22 @@ def parse_generation_params(f: Fields) -> GenerationParams:
 
 
 def _stops(f: Fields) -> tuple[str, ...]:
-    value = f.raw("stop")
+    return stop_strings(f.raw("stop"), "stop")
+
+
+def stop_strings(value, param: str, *, one_string: bool = True) -> tuple[str, ...]:
+    """Stop strings: an array of strings (or, where the API allows it, one string), at most
+    MAX_STOPS of at most MAX_STOP_CHARS characters each; empty ones are dropped."""
     if value is None:
         return ()
-    stops = [value] if isinstance(value, str) else value
+    stops = [value] if one_string and isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid_value("stop", "'stop' must be a string or an array of strings")
+        kind = "a string or an array of strings" if one_string else "an array of strings"
+        raise invalid_value(param, f"'{param}' must be {kind}")
     if len(stops) > MAX_STOPS:
-        raise invalid_value("stop", f"'stop' takes at most {MAX_STOPS} strings")
+        raise invalid_value(param, f"'{param}' takes at most {MAX_STOPS} strings")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise invalid_value("stop", f"each stop string must be at most {MAX_STOP_CHARS} characters")
+        raise invalid_value(param, f"each of '{param}' must be at most {MAX_STOP_CHARS} characters")
     return tuple(s for s in stops if s)
 
 

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import APIError, invalid_value
-from ..fields import Fields, parse_stream
+from ..errors import invalid_value
+from ..fields import Fields, message_list, parse_stream
 from ..generation_params import GenerationParams, parse_generation_params
 from ..sessions import parse_session_id
 
@@ -91,13 +91,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        raise APIError(400, "'messages' is required", code="missing_required_parameter", param="messages")
-    if not isinstance(value, list) or not value:
-        raise invalid_value("messages", "'messages' must be a non-empty array")
-    if len(value) > MAX_MESSAGES:
-        raise invalid_value("messages", f"'messages' holds at most {MAX_MESSAGES} entries")
-    return [_message(i, m) for i, m in enumerate(value)]
+    return [_message(i, m) for i, m in enumerate(message_list(value, MAX_MESSAGES))]
 
 
 def _message(i: int, m: Any) -> dict[str, Any]:
