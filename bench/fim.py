@@ -2,9 +2,14 @@
 
 The functions are bench/data/fim_functions.py (20, written for this bench). Each case is one
 function with the middle third of its body's lines removed (at least two lines); both servers get
-the same request in llama.cpp's /infill shape:
+the same request in llama.cpp's /infill shape, as an editor plugin (llama.vscode) sends it with
+the cursor where the first removed line's code starts:
 
-    POST /infill {"input_prefix": ..., "input_suffix": ..., "n_predict": 64, "temperature": 0}
+    POST /infill {"input_prefix": ... + its indentation, "input_suffix": ..., "n_indent": that
+                  indentation, "n_predict": 64, "temperature": 0}
+
+(`n_indent`, which llama.cpp's server and etserve both honour, ends the middle before a line
+indented less than the cursor's block: without it an instruct model writes on past the gap.)
 
 and an infill counts when it is not blank and prefix + infill + suffix parses (`ast.parse`). The
 row: etserve's count ÷ llama.cpp's (target ≥ 1.0: at least as many). Also printed: how many infills
@@ -63,10 +68,18 @@ def parses(text: str) -> bool:
         return False
 
 
+def cursor(case: Case) -> str:
+    """The indentation of the first removed line: where an editor's cursor stands to write it."""
+    first = case.middle.splitlines()[0] if case.middle else ""
+    return first[:len(first) - len(first.lstrip(" \t"))]
+
+
 def infill(url: str, case: Case) -> str | None:
-    """The server's infill, or None when it does not serve /infill."""
-    r = requests.post(url + "/infill", json={"input_prefix": case.prefix, "input_suffix": case.suffix,
-                                             "n_predict": N_PREDICT, "temperature": 0}, timeout=600)
+    """The server's infill (after the cursor's indentation), or None when it does not serve /infill."""
+    indent = cursor(case)
+    r = requests.post(url + "/infill", json={"input_prefix": case.prefix + indent, "input_suffix": case.suffix,
+                                             "n_indent": len(indent), "n_predict": N_PREDICT, "temperature": 0},
+                      timeout=600)
     if r.status_code in (404, 405, 501):
         return None
     if not r.ok:
@@ -84,7 +97,7 @@ def score(url: str, all_cases: list[Case]) -> dict | None:
         if text is None:
             return None
         texts.append(text)
-        compiled += bool(text.strip()) and parses(case.prefix + text + case.suffix)
+        compiled += bool(text.strip()) and parses(case.prefix + cursor(case) + text + case.suffix)
         exact += text.strip() == case.middle.strip()
     return {"compiled": compiled, "exact": exact, "infills": texts}
 
