@@ -62,7 +62,8 @@ def build(
     print(f"building {name} ({options.variant}) into {target}", file=sys.stderr)
     try:
         with stages.stage("locating GGUF"):
-            from .gguf_source import locate_gguf, sha256_file
+            from .gguf_source import locate_gguf
+            from .manifest import sha256_file
 
             gguf_path = locate_gguf(spec)
             source = {
