@@ -45,7 +45,7 @@ def _register_attention() -> None:
             super().__init__(dataclasses.replace(args, max_context_len=1), layer_id, rope, **kwargs)
             self.max_context_len = args.max_context_len
             n = args.max_context_len
-            self.mask = torch.ones(1, 1, dtype=torch.bool).expand(n, n)
+            self.mask = torch.ones(1, 1, dtype=torch.bool, device="cpu").expand(n, n)  # not meta: eager loads call .to()
             if self.use_kv_cache:
                 self._init_kv_cache(args)
                 self.SDPA = SDPA(
