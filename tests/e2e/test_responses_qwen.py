@@ -34,16 +34,27 @@ def context_length(qwen_server) -> int:
 
 def test_forced_calls_50_of_50_validate_and_stream_whole(qwen_server):
     """tool_choice "required" (25) and a named function (25), sampled: every call parses, validates
-    against its schema, and its streamed argument deltas add up to the final arguments."""
-    valid = 0
+    against its schema, and its streamed argument deltas add up to the final arguments.
+
+    Sampling at 0.8 lets the 0.5B model ramble inside a string argument now and then (about 1 in
+    150 requests in CI, an e-mail body that never closes); the grammar cannot end a string for
+    it. Such a request must stop cleanly at the limit as `incomplete` (max_output_tokens, the
+    limit's tokens spent); at most 2 of the 50 may do so, every other one is a valid call."""
+    limit, valid, truncated = 300, 0, 0
     for i in range(50):
         prompt, expected = CLEAR_CASES[i % len(CLEAR_CASES)]
         choice = "required" if i % 2 == 0 else {"type": "function", "name": expected}
         events = raw_events(qwen_server, {"input": prompt, "tools": TOOLS, "tool_choice": choice,
                                           "parallel_tool_calls": False, "temperature": 0.8,
-                                          "max_output_tokens": 200})
+                                          "max_output_tokens": limit})
         check_sequence(events)
         final = events[-1][1]
+        if final["type"] == "response.incomplete":
+            response = final["response"]
+            assert response["incomplete_details"] == {"reason": "max_output_tokens"}, response
+            assert response["usage"]["output_tokens"] == limit, response["usage"]
+            truncated += 1
+            continue
         assert final["type"] == "response.completed", final
         calls = [item for item in final["response"]["output"] if item["type"] == "function_call"]
         assert len(calls) == 1, final["response"]["output"]
@@ -56,7 +67,7 @@ def test_forced_calls_50_of_50_validate_and_stream_whole(qwen_server):
         assert deltas == done["arguments"] == call["arguments"]
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
         valid += 1
-    assert valid == 50
+    assert valid + truncated == 50 and truncated <= 2, (valid, truncated)
 
 
 def test_tool_round_trip_with_auto(client):
