@@ -19,6 +19,7 @@ struct ets_model {
   std::vector<int64_t> pos_buf;
   std::vector<float> scratch;     // sampler work space, vocab_size floats
   std::vector<int32_t> order;     // sampler candidate ids
+  std::vector<float> weights;     // sampler weights by token id, vocab_size floats
   int64_t forward_calls = 0;
   int64_t forward_tokens = 0;
   std::string error;

@@ -2,6 +2,7 @@
 // last forward call, with per-request parameters and a caller-owned RNG state.
 #include "etserve.h"
 #include "model.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,12 +24,11 @@ double next_unit(uint64_t* state) {  // uniform in [0, 1)
   return static_cast<double>(next_u64(state) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// log(sum(exp(x))) over a vocabulary: once per sampled token (its logprob), vectorized.
 float log_sum_exp(const float* x, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - mx));
-  return mx + static_cast<float>(std::log(sum));
+  const float mx = etserve::simd::max_of(x, n);
+  if (!std::isfinite(mx)) return mx;
+  return mx + static_cast<float>(std::log(etserve::simd::sum_exp_shift(x, n, mx)));
 }
 
 int32_t arg_max(const float* x, int64_t n) {
@@ -87,64 +87,114 @@ bool apply_mask(const uint32_t* words, int32_t n_words, const float* raw, float*
 }
 
 // Temperature, top-k, min-p and top-p over `x`, then one draw. `order` is
-// scratch space for candidate ids.
+// scratch space for candidate ids, `w` for their weights (indexed by token id): each
+// candidate's exp is computed once, over the whole vocabulary in one vectorized pass
+// when no top-k narrows it.
 int32_t draw(const ets_sampling& p, const float* x, int64_t vocab, std::vector<int32_t>& order,
-             uint64_t* rng) {
+             std::vector<float>& w, uint64_t* rng) {
   order.resize(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   auto by_logit = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
   size_t n = order.size();
-  if (p.top_k > 0 && static_cast<int64_t>(p.top_k) < vocab) {
+  const bool top_k = p.top_k > 0 && static_cast<int64_t>(p.top_k) < vocab;
+  if (top_k) {
     n = static_cast<size_t>(p.top_k);
-    std::nth_element(order.begin(), order.begin() + static_cast<long>(n) - 1, order.end(), by_logit);
+    // A bounded heap over one pass (partial_sort) beats introselect's passes for usual k.
+    if (n <= 4096) {
+      std::partial_sort(order.begin(), order.begin() + static_cast<long>(n), order.end(), by_logit);
+    } else {
+      std::nth_element(order.begin(), order.begin() + static_cast<long>(n) - 1, order.end(), by_logit);
+    }
   }
   float mx = -std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < n; ++i) mx = std::max(mx, x[order[i]]);
+  if (top_k) {
+    for (size_t i = 0; i < n; ++i) mx = std::max(mx, x[order[i]]);
+  } else {
+    mx = etserve::simd::max_of(x, vocab);
+  }
   if (!std::isfinite(mx)) return order[0];
-  const double inv_t = 1.0 / static_cast<double>(p.temperature);
-  // Unnormalized weights; the best candidate has weight 1.
-  auto weight = [&](int32_t id) { return std::exp((static_cast<double>(x[id]) - mx) * inv_t); };
-
+  const float inv_t = static_cast<float>(1.0 / static_cast<double>(p.temperature));
+  // Unnormalized weights; the best candidate has weight 1, a banned one 0.
+  w.resize(static_cast<size_t>(vocab));
+  double total = 0.0;
+  if (top_k) {
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t id = order[i];
+      const float a = (x[id] - mx) * inv_t;
+      w[id] = a >= -87.0f ? std::exp(a) : 0.0f;
+      total += w[id];
+    }
+  } else {
+    total = etserve::simd::exp_weights(x, w.data(), vocab, mx, inv_t);
+  }
   if (p.min_p > 0.0f) {  // keep candidates whose probability is >= min_p * the best one's
     size_t kept = 0;
+    total = 0.0;
     for (size_t i = 0; i < n; ++i) {
-      if (weight(order[i]) >= static_cast<double>(p.min_p)) order[kept++] = order[i];
+      if (w[order[i]] >= p.min_p) {
+        total += w[order[i]];
+        order[kept++] = order[i];
+      }
     }
     n = std::max<size_t>(kept, 1);
   }
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += weight(order[i]);
 
   if (p.top_p > 0.0f && p.top_p < 1.0f) {
-    // Sort the head of the candidates; widen only if it does not reach top_p.
-    double target = static_cast<double>(p.top_p) * total;
-    size_t head = std::min<size_t>(n, 256);
-    while (true) {
-      std::partial_sort(order.begin(), order.begin() + static_cast<long>(head),
-                        order.begin() + static_cast<long>(n), by_logit);
-      double cum = 0.0;
-      size_t cut = 0;
-      while (cut < head && cum < target) cum += weight(order[cut++]);
-      if (cum >= target || head == n) {
-        n = std::max<size_t>(cut, 1);
-        total = cum > 0.0 ? cum : weight(order[0]);
-        break;
+    // The nucleus: the fewest best candidates (by logit, then id) whose weights reach top_p of
+    // the total. A peaked distribution reaches it within a sorted head of 256; a flat one
+    // bisects the rest: order[0, lo) is known to be in, order[hi, n) out, and nth_element
+    // splits [lo, hi) at its middle until it is small enough to sort.
+    const double target = static_cast<double>(p.top_p) * total;
+    size_t lo = 0, hi = n;
+    double cum = 0.0;
+    const size_t head = std::min<size_t>(n, 256);
+    std::partial_sort(order.begin(), order.begin() + static_cast<long>(head), order.begin() + static_cast<long>(n),
+                      by_logit);
+    double head_sum = 0.0;
+    for (size_t i = 0; i < head; ++i) head_sum += w[order[i]];
+    if (head_sum >= target) {
+      hi = head;
+    } else {
+      lo = head;
+      cum = head_sum;
+      while (hi - lo > 256) {
+        const size_t mid = lo + (hi - lo) / 2;
+        std::nth_element(order.begin() + static_cast<long>(lo), order.begin() + static_cast<long>(mid),
+                         order.begin() + static_cast<long>(hi), by_logit);
+        double s = 0.0;
+        for (size_t i = lo; i < mid; ++i) s += w[order[i]];
+        if (cum + s >= target) {
+          hi = mid;
+        } else {
+          cum += s;
+          lo = mid;
+        }
       }
-      head = std::min(n, head * 8);
+      std::sort(order.begin() + static_cast<long>(lo), order.begin() + static_cast<long>(hi), by_logit);
     }
+    size_t cut = lo;
+    while (cut < hi && cum < target) cum += w[order[cut++]];
+    n = std::max<size_t>(cut, 1);
+    total = cum > 0.0 ? cum : w[order[0]];
   }
+  // The walk sums in another order than `total` did: if rounding leaves u >= 0 at the end,
+  // the last candidate with a weight is drawn, never a banned one.
   double u = next_unit(rng) * total;
+  int32_t last = order[0];
   for (size_t i = 0; i < n; ++i) {
-    u -= weight(order[i]);
-    if (u < 0.0) return order[i];
+    const float wi = w[order[i]];
+    if (wi <= 0.0f) continue;
+    last = order[i];
+    u -= wi;
+    if (u < 0.0) return last;
   }
-  return order[n - 1];
+  return last;
 }
 
 // One sample from `logits` (vocab floats): the whole of ets_sample but the model handle.
 // On failure returns the status and sets *why.
 int sample_logits(const float* logits, int64_t vocab, const ets_sampling* p, uint64_t* rng_state,
-                  std::vector<float>& x, std::vector<int32_t>& order, int32_t* token_out,
+                  std::vector<float>& x, std::vector<int32_t>& order, std::vector<float>& w, int32_t* token_out,
                   float* logprob_out, const char** why) {
   if (!(p->temperature >= 0.0f) || !(p->top_p >= 0.0f) || !(p->min_p >= 0.0f) ||
       p->top_k < 0 || !(p->repetition_penalty > 0.0f)) {
@@ -181,7 +231,7 @@ int sample_logits(const float* logits, int64_t vocab, const ets_sampling* p, uin
     }
   }
   int32_t token = p->temperature <= 0.0f ? arg_max(x.data(), vocab)
-                                         : draw(*p, x.data(), vocab, order, rng_state);
+                                         : draw(*p, x.data(), vocab, order, w, rng_state);
   *token_out = token;
   if (logprob_out != nullptr) *logprob_out = logits[token] - log_sum_exp(logits, vocab);
   return ETS_OK;
@@ -198,7 +248,7 @@ extern "C" int ets_sample(ets_model* m, const ets_sampling* p, uint64_t* rng_sta
   if (!m->has_logits) return m->fail(ETS_ERR_STATE, "no forward call has produced logits yet");
   const char* why = "";
   int status = sample_logits(m->logits.data(), m->info.vocab_size, p, rng_state, m->scratch, m->order,
-                             token_out, logprob_out, &why);
+                             m->weights, token_out, logprob_out, &why);
   return status == ETS_OK ? ETS_OK : m->fail(status, why);
 }
 
@@ -238,9 +288,10 @@ extern "C" ETS_API int etserve_test_sample(const float* logits, int64_t vocab, c
   }
   std::vector<float> scratch;
   std::vector<int32_t> order;
+  std::vector<float> weights;
   const char* why = "";
   for (int32_t i = 0; i < n; ++i) {
-    int status = sample_logits(logits, vocab, p, rng_state, scratch, order, tokens_out + i,
+    int status = sample_logits(logits, vocab, p, rng_state, scratch, order, weights, tokens_out + i,
                                logprobs_out != nullptr ? logprobs_out + i : nullptr, &why);
     if (status != ETS_OK) return status;
   }

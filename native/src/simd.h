@@ -1,6 +1,7 @@
 // Vector helpers over contiguous floats for etserve's attention kernels
 // (attention.cpp): dot products, masked max, exp-and-sum, weighted sums of
-// value rows. AVX2+FMA when the compiler targets it, scalar otherwise.
+// value rows; and the sampler's exp sums over a vocabulary (sampler.cpp).
+// AVX2+FMA when the compiler targets it, scalar otherwise.
 #pragma once
 
 #include <algorithm>
@@ -307,5 +308,59 @@ inline void scale_row(float* x, int64_t n, float s) {
 
 // Returns max(p[0..n)) (-inf for n == 0).
 inline float max_of(const float* p, int64_t n) { return add_max(const_cast<float*>(p), nullptr, n); }
+
+// For the sampler (sampler.cpp), over a whole vocabulary of logits.
+#ifdef ETS_AVX2
+// Adds the eight lanes of v to two double accumulators (sums of ~10^5 terms stay exact enough).
+inline void add_to_pd(__m256 v, __m256d& lo, __m256d& hi) {
+  lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+  hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+inline double hsum_pd(__m256d lo, __m256d hi) {
+  alignas(32) double t[4];
+  _mm256_store_pd(t, _mm256_add_pd(lo, hi));
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+#endif
+
+// Sum of exp(x[j] - mx), x unchanged (mx = max(x): every term is in (0, 1]).
+inline double sum_exp_shift(const float* x, int64_t n, float mx) {
+  int64_t j = 0;
+  double sum = 0;
+#ifdef ETS_AVX2
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  for (; j + 8 <= n; j += 8) add_to_pd(exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), m)), lo, hi);
+  sum = hsum_pd(lo, hi);
+#endif
+  for (; j < n; ++j) sum += std::exp(static_cast<double>(x[j] - mx));
+  return sum;
+}
+
+// w[j] = exp((x[j] - mx) * s) for s > 0, exactly 0 where that argument is below -87 (a
+// banned, masked or negligible token: e^-87 is 1.6e-38 of the best one's weight) or NaN;
+// returns the sum of w.
+inline double exp_weights(const float* x, float* w, int64_t n, float mx, float s) {
+  int64_t j = 0;
+  double sum = 0;
+#ifdef ETS_AVX2
+  const __m256 m = _mm256_set1_ps(mx), vs = _mm256_set1_ps(s), floor = _mm256_set1_ps(-87.0f);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 a = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), m), vs);
+    const __m256 e = _mm256_and_ps(exp256(a), _mm256_cmp_ps(a, floor, _CMP_GE_OQ));
+    _mm256_storeu_ps(w + j, e);
+    add_to_pd(e, lo, hi);
+  }
+  sum = hsum_pd(lo, hi);
+#endif
+  for (; j < n; ++j) {
+    const float a = (x[j] - mx) * s;
+    w[j] = a >= -87.0f ? std::exp(a) : 0.0f;
+    sum += w[j];
+  }
+  return sum;
+}
 
 }  // namespace etserve::simd

@@ -255,3 +255,27 @@ def test_the_same_seed_gives_the_same_draws(sample_fn):
     assert [a.one()[1] for _ in range(50)] == [b.one()[1] for _ in range(50)]
     b.rng.value = 999
     assert [a.one()[1] for _ in range(50)] != [b.one()[1] for _ in range(50)]
+
+
+QWEN_VOCAB = 151_936
+
+
+def test_a_whole_vocabulary_reports_exact_logprobs_and_never_draws_a_banned_token(sample_fn):
+    """At Qwen's vocabulary size (where the vectorized exp sums run over 151,936 logits): each
+    draw's logprob is the model's own to 1e-4, and a draw at a low temperature from a vocabulary
+    whose best tokens are banned (bias -100) or masked out only ever returns an allowed one."""
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal(QWEN_VOCAB) * 4).astype(np.float32)
+    raw = logits.astype(np.float64)
+    lse = raw.max() + np.log(np.exp(raw - raw.max()).sum())
+    s = Sampler(sample_fn, logits, temperature=1.0, top_p=0.95)
+    for _ in range(20):
+        status, token, logprob = s.one()
+        assert status == Status.OK and logprob == pytest.approx(raw[token] - lse, abs=1e-4)
+    best = np.argsort(-logits)[:50]
+    allowed = set(int(t) for t in rng.choice(QWEN_VOCAB, 200, replace=False)) | {int(t) for t in best[:5]}
+    banned = {int(t): -100.0 for t in best[:5]}
+    for temperature in (0.05, 1.0, 3.0):
+        counts = Sampler(sample_fn, logits, temperature=temperature, bias=banned, allowed=allowed).draws(500)
+        drawn = set(np.flatnonzero(counts).tolist())
+        assert drawn <= allowed - set(banned), temperature
