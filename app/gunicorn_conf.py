@@ -34,3 +34,11 @@ loglevel = os.environ.get("ETSERVE_LOG_LEVEL", "info")
 # gunicorn's control socket is one fixed path per user; several servers on one
 # machine (replicas, tests) would fight over it, and we do not use it.
 control_socket_disable = True
+
+
+def worker_exit(server, worker):
+    """Session states still being written to --session-dir reach the disk before the worker
+    ends (the arbiter kills it graceful_timeout seconds after asking it to stop)."""
+    from app.wsgi import shutdown
+
+    shutdown(timeout=max(1.0, graceful_timeout - 5))

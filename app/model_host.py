@@ -142,6 +142,8 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
                     session_dir=settings.session_dir or None, session_dir_mib=settings.session_dir_mib,
                     model_identity=identity, context_shift=settings.context_shift, keep=settings.keep)
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
+    if engine.sessions.disk is not None:
+        engine.sessions.disk.write_delay = faults.session_write_delay()  # 0 unless a test asks
     stop_ids = frozenset(native.info.eos_ids) | tokenizer.eos_token_ids
     if template_source is CHATML_TEMPLATE and (im_end := tokenizer.token_to_id(IM_END)) is not None:
         stop_ids |= {im_end}  # the fallback's turns end there, whatever the config calls EOS

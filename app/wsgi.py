@@ -68,10 +68,25 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
                                 sse_keepalive=settings.sse_keepalive)
 
 
+# The model state of the app this process serves (the last one built), for `shutdown`.
+_serving: ModelState | None = None
+
+
+def shutdown(timeout: float) -> bool:
+    """gunicorn's worker_exit hook (app/gunicorn_conf.py): before the worker process ends, the
+    session states still queued for --session-dir reach the disk, for up to `timeout` seconds.
+    False if some did not."""
+    state = _serving
+    if state is None or state.model is None:
+        return True
+    return state.model.engine.flush_sessions(timeout)
+
+
 def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.App:
     """The app answers at once; /health says "loading" until `loader` (run in the
     background, off the event loop) has produced the model and its routes exist."""
-    state = ModelState()
+    global _serving
+    state = _serving = ModelState()
     router = falcon.routing.DefaultRouter()
     metrics = Metrics(lambda: state.model.engine if state.model else None)
     middleware = [ObserveRequests(metrics, route_finder(router)), RequestId()]

@@ -248,6 +248,24 @@ class Engine:
             for observe in self.observers:
                 observe(stats)
 
+    def flush_sessions(self, timeout: float | None) -> bool:
+        """At worker exit: wait until the session states queued for --session-dir are on disk
+        (they are written in the background after each generation). False if some were not in
+        time; the files are written atomically, so a state cut short is only missing."""
+        disk = self.sessions.disk
+        if disk is None:
+            return True
+        queued = disk.queued
+        if not queued:
+            return True
+        log = logging.getLogger("etserve")
+        log.info("writing %d session state(s) to %s before exiting", queued, disk.directory)
+        done = disk.flush(timeout)
+        if not done:
+            log.warning("%d session state(s) not written to %s: exiting after %.0f s", disk.queued,
+                        disk.directory, timeout)
+        return done
+
     def drop_session(self, session_id: str) -> bool:
         """DELETE a session: its saved state goes; False if the engine never heard of it."""
         return self.sessions.forget(session_id)

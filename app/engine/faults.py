@@ -3,12 +3,16 @@
 Off unless the environment sets ETSERVE_FAULT_INJECT (only the tests do):
 
     ETSERVE_FAULT_INJECT=forward_fail_on_token:ID
+    ETSERVE_FAULT_INJECT=slow_session_writes:SECONDS
 
-Every forward call whose tokens include ID first overwrites the KV cache from
-position 0 with other tokens (a failed native call may leave the cache in any
-state), then raises NativeError. A request fails when its prompt holds ID, or
-when it samples ID (logit_bias can force that), and what the next request
+forward_fail_on_token: every forward call whose tokens include ID first overwrites
+the KV cache from position 0 with other tokens (a failed native call may leave the
+cache in any state), then raises NativeError. A request fails when its prompt holds
+ID, or when it samples ID (logit_bias can force that), and what the next request
 returns shows whether the engine dropped its cached prefix.
+
+slow_session_writes: each --session-dir file takes SECONDS longer to write (a slow
+SD card), so a test can stop the server while a state is still being written.
 """
 
 from __future__ import annotations
@@ -43,13 +47,35 @@ class FaultInjectingModel:
         self._model.forward(tokens, start_pos)
 
 
-def from_env(model, environ=os.environ):
-    """`model`, wrapped when ETSERVE_FAULT_INJECT asks for a fault."""
+def _spec(environ) -> tuple[str, str]:
     spec = environ.get(ENV, "")
     if not spec:
-        return model
+        return "", ""
     kind, _, arg = spec.partition(":")
-    if kind != "forward_fail_on_token" or not arg.isdigit():
-        raise ValueError(f"{ENV} must be forward_fail_on_token:ID, got {spec!r}")
+    if kind == "forward_fail_on_token" and arg.isdigit():
+        return kind, arg
+    if kind == "slow_session_writes":
+        try:
+            if float(arg) >= 0:
+                return kind, arg
+        except ValueError:
+            pass
+    raise ValueError(f"{ENV} must be forward_fail_on_token:ID or slow_session_writes:SECONDS, got {spec!r}")
+
+
+def from_env(model, environ=os.environ):
+    """`model`, wrapped when ETSERVE_FAULT_INJECT asks for a forward fault."""
+    kind, arg = _spec(environ)
+    if kind != "forward_fail_on_token":
+        return model
     log.warning("TEST-ONLY fault injection is on: forward calls with token %s fail", arg)
     return FaultInjectingModel(model, int(arg))
+
+
+def session_write_delay(environ=os.environ) -> float:
+    """Seconds each session file's write is held back (0 unless a test asks)."""
+    kind, arg = _spec(environ)
+    if kind != "slow_session_writes":
+        return 0.0
+    log.warning("TEST-ONLY fault injection is on: session files take %s s longer to write", arg)
+    return float(arg)

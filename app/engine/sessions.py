@@ -233,6 +233,7 @@ class DiskSessions:
         self._idle.set()
         self.shape: tuple[int, int] | None = None  # (caches, bytes per position) of this build
         self.ignored = 0  # files found but not used (another build's, damaged)
+        self.write_delay = 0.0  # TEST-ONLY (faults.session_write_delay): a slow disk
         self.writes = 0
         self.loads = 0
 
@@ -397,6 +398,12 @@ class DiskSessions:
         """Wait until every queued state is written; False on timeout."""
         return self._idle.wait(timeout)
 
+    @property
+    def queued(self) -> int:
+        """States queued or being written."""
+        with self._lock:
+            return len(self._pending) + (1 if self._writing else 0)
+
     def write(self, tokens: tuple[int, ...], data: bytes | bytearray, session_id: str | None,
               offload: Callable = lambda fn, *a: fn(*a)) -> DiskEntry | None:
         """Write a state now (atomically, the file work through `offload`), dropping the states
@@ -438,6 +445,8 @@ class DiskSessions:
         path = self.directory / name
         tmp = self.directory / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
+            if self.write_delay:
+                time.sleep(self.write_delay)
             with open(tmp, "wb") as f:
                 f.write(DISK_MAGIC + _U32.pack(len(header)) + header + token_raw)
                 f.write(data)

@@ -63,6 +63,27 @@ def test_a_new_conversation_after_a_restart_reports_the_saved_prompt_as_cached(m
         srv.stop()
 
 
+def test_a_state_still_being_written_when_the_server_stops_reaches_the_disk(model_dir, tmp_path):
+    """A slow disk (each file held back 3 s, a test-only fault): the server is stopped while the
+    state of the conversation it just answered is still being written; the worker waits for it
+    (gunicorn's worker_exit hook) and the next server finds it."""
+    srv = Server(model_dir, {"ETSERVE_SESSION_DIR": str(tmp_path), "ETSERVE_FAULT_INJECT": "slow_session_writes:3"})
+    srv.wait_ready()
+    try:
+        chat(srv.base_url, "How do I reverse a list in Python?")
+        assert srv.health()["engine"]["session_dir"]["files"] == 0  # not written yet
+    finally:
+        srv.stop()
+    log = srv.log_path.read_text()
+    assert len(list(tmp_path.glob("*.kv"))) == 1, log[-3000:]
+    assert "before exiting" in log, log[-3000:]
+    srv = serve(model_dir, tmp_path)
+    try:
+        assert srv.health()["engine"]["session_dir"]["files"] == 1
+    finally:
+        srv.stop()
+
+
 def test_damaged_and_foreign_files_are_logged_and_ignored(model_dir, server, tmp_path):
     srv = serve(model_dir, tmp_path)
     try:
