@@ -16,6 +16,20 @@ from .registry import EMBEDDING_GROUP_SIZE, PREFILL_MAX_TOKENS, BuildOptions
 MASK_FREE_ATTENTION = "etserve_mha_no_mask"
 
 
+class _NoMask:
+    """The mask of the mask-free attention: ``AttentionMHA.forward`` narrows or indexes it,
+    and gets None."""
+
+    def narrow(self, *args) -> None:
+        return None
+
+    def __getitem__(self, index) -> None:
+        return None
+
+
+_NO_MASK = _NoMask()
+
+
 def _register_attention() -> None:
     """Register ``MASK_FREE_ATTENTION`` with the exporter's attention registry (idempotent).
 
@@ -23,12 +37,15 @@ def _register_attention() -> None:
     per layer, used only when the attention is not the ``llama::custom_sdpa`` op (which is causal
     by position). At a 32k context that is 1 GiB per layer at export time, 24 GiB for Qwen. Our
     subclass builds the layer for a one-position context, then gives it the real KV cache and
-    SDPA, and a mask that is a stride-0 view of the right shape over one byte (the traced
-    ``mask.narrow`` still works; its unused result is dropped from the graph).
+    SDPA, and no mask tensor at all: ``self.mask`` is an object whose ``narrow`` and indexing
+    give None, the mask the custom SDPA ops (which replace ``SDPA`` in every build that uses
+    this attention) ignore. No tensor means nothing for torch.export to lift and nothing for
+    any later pass to materialize: a stride-0 view over one byte, tried first, became full
+    ``n x n`` buffers during Qwen's torch.export stage (23 GB resident at 32k: the kernel killed
+    the build; tests/models/test_build_memory.py).
     """
     import dataclasses
 
-    import torch
     from executorch.examples.models.llama.attention import (
         ATTENTION_REGISTRY,
         SDPA,
@@ -45,7 +62,8 @@ def _register_attention() -> None:
             super().__init__(dataclasses.replace(args, max_context_len=1), layer_id, rope, **kwargs)
             self.max_context_len = args.max_context_len
             n = args.max_context_len
-            self.mask = torch.ones(1, 1, dtype=torch.bool, device="cpu").expand(n, n)  # not meta: eager loads call .to()
+            del self._buffers["mask"]  # the one-position context's 1 x 1 mask
+            object.__setattr__(self, "mask", _NO_MASK)  # not a tensor: nn.Module would refuse it
             if self.use_kv_cache:
                 self._init_kv_cache(args)
                 self.SDPA = SDPA(
