@@ -49,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens each decode comparison generates")
     p.add_argument("--rounds", type=int, default=3, help="alternated repetitions of each short comparison")
     p.add_argument("--long-rounds", type=int, default=2, help="alternated repetitions of the 12k and 24k prompts")
+    p.add_argument("--lengths", default="1000,4000,12000,24000",
+                   help="cold prompt lengths of the time-to-first-token rows (a shorter list skips the long ones)")
     p.add_argument("--fills", default="128,1500", help="context fills of the decode-by-fill rows")
     p.add_argument("--steps", type=int, default=32, help="decode steps per fill (custom-op exports)")
     p.add_argument("--plain-steps", type=int, default=12, help="decode steps per fill (exports without them)")
@@ -65,6 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.model_dir = args.model_dir or default_model_dir()
     args.fills = [int(x) for x in args.fills.split(",")]
+    args.lengths = [int(x) for x in args.lengths.split(",")]
     return args
 
 

@@ -95,7 +95,8 @@ def peer_section(args, results: dict) -> list[Row]:
     name = label(serve_dir)
     tokenizer, _ = load_tokenizer(serve_dir)
     bias = {str(t): -100.0 for t in model_json(serve_dir, "etserve.json")["eos_token_ids"]}
-    fits = [n for n in LENGTHS if n + 64 + 64 <= ctx]
+    lengths = getattr(args, "lengths", LENGTHS)
+    fits = [n for n in lengths if n + 64 + 64 <= ctx]
     log(f"versus llama.cpp: etserve {name} (ctx {ctx}) and llama-server -c {LONG_CONTEXT} on {gguf.name}, "
         f"{args.threads} threads each; prompt lengths {fits}")
     rows: list[Row] = []
@@ -148,6 +149,9 @@ def peer_section(args, results: dict) -> list[Row]:
         for length in LENGTHS:
             target = (">=", 1.2 if length == 12000 else 1.0)
             what = f"time to first token, cold {length:,}-token prompt, llama.cpp ÷ etserve"
+            if length not in lengths:
+                rows.append(Row(ttft_name(length), what, "not run (--lengths)", target=target))
+                continue
             if length not in ttft:
                 rows.append(Row(ttft_name(length), what, f"{NOT_BUILT} (etserve's build holds {ctx:,} tokens; "
                                 f"needs a ctx{LONG_CONTEXT} build)", target=target))
@@ -166,6 +170,8 @@ def peer_section(args, results: dict) -> list[Row]:
             rows.append(Row(DECODE_FILL, f"etserve: {what} ({args.decode_tokens} tokens; llama.cpp for reference)",
                             f"{at['etserve']:.1f} / {rate['etserve']:.1f} (llama.cpp {at['llama.cpp']:.1f} / "
                             f"{rate['llama.cpp']:.1f} = {ratio['llama.cpp']:.2f})", ratio["etserve"], (">=", 0.8)))
+        elif FILL_LENGTH not in lengths:
+            rows.append(Row(DECODE_FILL, f"etserve: {what}", "not run (--lengths)", target=(">=", 0.8)))
         else:
             rows.append(Row(DECODE_FILL, f"etserve: {what}", f"{NOT_BUILT} (needs a ctx{LONG_CONTEXT} build)",
                             target=(">=", 0.8)))

@@ -102,11 +102,10 @@ def build(
         quantized = options.quantize != "none" or options.embedding_quantize != "none"
         hqq_cache = HqqCache(cache_file(spec, options, source["gguf_sha256"]) if quantized and quant_cache else None)
         export_started = len(stages.records)
-        # reexport: export_llama's second torch.export, which the mask-free attention of custom-op
-        # builds (export.py) needs: without it its stride-0 mask view is a lifted tensor the edge
-        # lowering cannot place (tests/models/test_pipeline.py)
+        # without export_llama's second torch.export (a quarter of the wall time): the same bytes
+        # (tests/models/test_pipeline.py), now that the mask-free attention holds no mask tensor
         pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
-                                verbose=verbose, reexport=options.custom_ops)
+                                verbose=verbose)
         export_seconds = sum(r.seconds for r in stages.records[export_started:])
 
         with stages.stage("writing manifest"):
