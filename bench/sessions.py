@@ -20,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
+import requests
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.client import chat, get_json  # noqa: E402
@@ -42,9 +44,14 @@ def turn2_ttft(server: EtServe, model_dir: Path, history: int, repeat: int, othe
         turn2 = first + [{"role": "assistant", "content": reply.text},
                          {"role": "user", "content": "Add type hints to the first function."}]
         chat(server.url, other, other_id, 8)  # another conversation takes the cache
-        cold = chat(server.url, turn2, f"cold-{uuid.uuid4().hex[:6]}", 8)  # nothing saved for it
-        chat(server.url, other, other_id, 8)  # the other conversation again (restored, cheap)
         warm = chat(server.url, turn2, warm_id, 8)  # turn 1 restored, only the new turn prefilled
+        # Cold: the same turn with nothing saved that shares more than the template's first tokens.
+        # An anonymous or unknown session starts from the saved state sharing the longest prefix
+        # with its prompt, so this conversation's states go first, and the other one takes the cache.
+        requests.delete(f"{server.url}/v1/sessions/{warm_id}", timeout=30).raise_for_status()
+        chat(server.url, other, other_id, 8)
+        cold = chat(server.url, turn2, f"cold-{uuid.uuid4().hex[:6]}", 8)
+        requests.delete(f"{server.url}/v1/sessions/{other_id}", timeout=30)
         rows.append({
             "prompt_tokens": warm.usage["prompt_tokens"],
             "turn1_tokens": reply.usage["prompt_tokens"] + reply.usage["completion_tokens"],
