@@ -78,7 +78,11 @@ def test_claude_code_completes_a_turn(claude, qwen_server, fit, tmp_path):
     proc = run_claude(claude, qwen_server, tmp_path, timeout=1800)
     print(f"\nclaude exit {proc.returncode}\nstdout: {proc.stdout!r}\nstderr: {proc.stderr[-2000:]!r}")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "hello" in proc.stdout.lower(), proc.stdout
+    # The reply itself is sampled (Claude Code sends no temperature: the Messages API default, 1);
+    # Qwen2.5-Coder-0.5B says "hello" most of the time, but one fresh-clone run got another 2-token reply
+    # (server log: prompt=11640 completion=2 finish=stop). The turn is the proof: Claude Code
+    # parsed our stream and printed the model's text.
+    assert proc.stdout.strip(), (proc.stdout, proc.stderr[-4000:])
     statuses = messages_statuses(qwen_server, since)
     assert statuses and set(statuses) == {"200"}, statuses
 
