@@ -15,6 +15,8 @@ Sections (each module's docstring says how its rows are measured):
   bench/versus.py   etserve against llama.cpp's server on the same model and threads: decode,
                     prefill, time to first token from 1k to 24k tokens, decode at fill 12k,
                     memory; bench/fim.py (fill-in-the-middle) and bench/perplexity.py
+  bench/agents.py   Claude Code's first turn against both servers; a second conversation of the
+                    same agent after etserve restarts on its --session-dir
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import own, versus  # noqa: E402
+from bench import agents, own, versus  # noqa: E402
 from bench.machine import load_average, memory_bandwidth  # noqa: E402
 from bench.models import default_model_dir, models_root  # noqa: E402
 from bench.table import log, markdown  # noqa: E402
@@ -62,6 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-fim", action="store_true")
     p.add_argument("--fim-cases", type=int, default=None, help="the first N FIM cases only (default: all 20)")
     p.add_argument("--skip-perplexity", action="store_true")
+    p.add_argument("--skip-agents", action="store_true", help="no Claude Code rows (they take ~10 min)")
     p.add_argument("--no-peer-build", action="store_true", help="report a missing peer instead of building it")
     p.add_argument("--json", type=Path, default=None, help="also write the raw measurements here")
     args = p.parse_args(argv)
@@ -93,6 +96,8 @@ def main(argv=None) -> None:
             rows += versus.rows_not_run(f"{args.model_dir} not built")
         else:
             rows += versus.peer_section(args, results)
+        if not args.skip_agents:
+            rows += agents.agent_rows(args, results)
     load_end = load_average()
     minutes = (time.monotonic() - started) / 60
     machine = f"memory bandwidth (numpy copy, {args.threads} threads) {bandwidth / 1e9:.1f} GB/s; " if bandwidth else ""
