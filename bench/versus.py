@@ -1,8 +1,9 @@
 """etserve against llama.cpp's server on the same model, side by side in one run.
 
 Both serve Qwen2.5-Coder-0.5B at 4 bits on 127.0.0.1 with the same number of threads: etserve
-its default build (8da4w: int4 weights in groups of 32, int8 dynamic activations; 4-bit embedding
-table), llama.cpp the same GGUF requantized to Q4_0 (bench/peer.py). Both servers are up at once
+its default build (8da4w: int4 weights in groups of 32, int8 dynamic activations; an 8-bit output
+projection, a 4-bit embedding table, an int8 KV cache), llama.cpp the same GGUF requantized to
+Q4_0 (bench/peer.py: its output projection stays Q8_0; its KV cache is f16). Both servers are up at once
 and idle while the other works; requests alternate A B, B A, A B... so that a drift in the
 machine's load cancels out. Every figure is what an HTTP client sees on /v1/completions,
 streamed (both speak it): time to first token from sending to the first chunk carrying text,

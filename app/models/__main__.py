@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .registry import EMBEDDING_QUANTIZE_CHOICES, KV_CACHE_CHOICES, MODELS, QUANTIZE_CHOICES, model_dir, resolve_options
+from .registry import (EMBEDDING_QUANTIZE_CHOICES, KV_CACHE_CHOICES, MODELS, OUTPUT_QUANTIZE_CHOICES, QUANTIZE_CHOICES,
+                       model_dir, resolve_options)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="embedding table quantization (default per model)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=None,
                    help="KV cache storage (default per model; int8 needs the custom ops)")
+    p.add_argument("--output-quantize", choices=OUTPUT_QUANTIZE_CHOICES, default=None,
+                   help="output projection: as the other linears, or 8-bit per row (default per model)")
     p.add_argument("--custom-ops", action=argparse.BooleanOptionalAction, default=None,
                    help="export with llama::custom_sdpa / llama::update_cache")
     p.add_argument("--out", default=None, help="model directory (default: under the cache root)")
@@ -73,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 1
         return 0
     opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops, args.embedding_quantize,
-                           args.kv_cache)
+                           args.kv_cache, args.output_quantize)
     out = model_dir(args.name, opts, args.out)
     if args.command == "path":
         print(out)

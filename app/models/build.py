@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -11,6 +12,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Optional
 
+from . import kv_smoothing
 from .manifest import add_checksums, manifest_matches, read_manifest, write_manifest
 from .registry import PREFILL_MAX_TOKENS, BuildOptions, get_spec, model_dir
 
@@ -85,9 +87,12 @@ def build(
         with stages.stage("dequantizing weights to a checkpoint"):
             from .checkpoint import write_checkpoint
 
-            ckpt, params_path, params = write_checkpoint(reader, md, spec, work)
+            smoothing = tmp / "tokenizer.json" if options.kv_cache == "int8" else None
+            ckpt, params_path, params = write_checkpoint(reader, md, spec, work, key_smoothing=smoothing)
             del reader, md
             shutil.copyfile(params_path, tmp / "params.json")
+            if smoothing is not None:
+                shutil.copyfile(work / kv_smoothing.FILE, tmp / kv_smoothing.FILE)
 
         from .export import make_llm_config
 
@@ -105,7 +110,7 @@ def build(
         # without export_llama's second torch.export (a quarter of the wall time): the same bytes
         # (tests/models/test_pipeline.py), now that the mask-free attention holds no mask tensor
         pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
-                                verbose=verbose)
+                                verbose=verbose, output_8bit=options.output_quantize == "8bit")
         export_seconds = sum(r.seconds for r in stages.records[export_started:])
 
         with stages.stage("writing manifest"):
@@ -119,6 +124,9 @@ def build(
                 "custom_ops": options.custom_ops,
                 "embedding_quantize": options.embedding_quantize,
                 "kv_cache": options.kv_cache,
+                "output_quantize": options.output_quantize,
+                "kv_smoothing": (kv_smoothing.summary(json.loads((tmp / kv_smoothing.FILE).read_text()))
+                                 if options.kv_cache == "int8" else None),
                 "prefill_max_tokens": min(options.max_seq_len, PREFILL_MAX_TOKENS + 1) - 1,
                 "variant": options.variant,
                 "vocab_size": params["vocab_size"],

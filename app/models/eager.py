@@ -39,12 +39,15 @@ def build_options(manifest: dict):
         custom_ops=manifest["custom_ops"],
         embedding_quantize=manifest.get("embedding_quantize", "none"),  # older manifests: none
         kv_cache=manifest.get("kv_cache", "fp32"),
+        output_quantize=manifest.get("output_quantize", "same"),
     )
 
 
-def load_eager_model(model_dir: Path, work_dir: Path):
+def load_eager_model(model_dir: Path, work_dir: Path, kv_cache: str | None = None):
     """The exporter's eager module for the build in ``model_dir``, in eval mode, returning the
-    logits of every position. ``work_dir`` receives the checkpoint (~4 bytes a weight)."""
+    logits of every position. ``work_dir`` receives the checkpoint (~4 bytes a weight).
+    ``kv_cache`` ("fp32") swaps the build's cache for another with the same weights: the
+    reference an int8-cache build's cache is measured against."""
     import torch
 
     from .manifest import read_manifest
@@ -59,8 +62,16 @@ def load_eager_model(model_dir: Path, work_dir: Path):
         raise FileNotFoundError(f"no complete build in {model_dir}")
     spec = get_spec(manifest["name"])
     options = build_options(manifest)
+    if kv_cache is not None:
+        import dataclasses
+
+        options = dataclasses.replace(options, kv_cache=kv_cache)
     reader = open_gguf(locate_gguf(spec))
-    ckpt, params, _ = write_checkpoint(reader, read_metadata(reader), spec, work_dir)
+    from .kv_smoothing import FILE as SMOOTHING_FILE
+
+    saved = model_dir / SMOOTHING_FILE  # an int8-cache build's key smoothing: the same factors again
+    smoothing = json.loads(saved.read_text()) if manifest.get("kv_smoothing") else None
+    ckpt, params, _ = write_checkpoint(reader, read_metadata(reader), spec, work_dir, key_smoothing=smoothing)
     del reader
     cfg = make_llm_config(ckpt, params, options, group_size=spec.group_size, bos_id=manifest["bos_token_id"],
                           eos_ids=manifest["eos_token_ids"], output=work_dir / "unused.pte")
@@ -69,7 +80,10 @@ def load_eager_model(model_dir: Path, work_dir: Path):
         import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  torch.ops.llama.*
     from executorch.examples.models.llama.export_llama_lib import get_llama_model
 
-    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):  # it prints what it quantizes
+    from .export import output_quantization
+
+    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr), \
+            output_quantization(options.output_quantize == "8bit"):  # it prints what it quantizes
         model, _, _ = get_llama_model(cfg)
     return model.eval()
 
@@ -92,11 +106,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("model_dir", type=Path)
     p.add_argument("request", type=Path, help='JSON list of {"tokens": [ids], "from": first row to keep}')
     p.add_argument("out", type=Path, help=".npz file for the logits")
+    p.add_argument("--kv-cache", choices=("fp32", "int8"), default=None,
+                   help="the cache to run with (default: the build's); the weights stay the build's")
     args = p.parse_args(argv)
     request = json.loads(args.request.read_text())
     work = Path(tempfile.mkdtemp(prefix="etserve-eager-"))  # no "8da4w"/"int8" in the path
     try:
-        model = load_eager_model(args.model_dir, work)
+        model = load_eager_model(args.model_dir, work, args.kv_cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the model holds its weights in memory
     np.savez(args.out, *[eager_logits(model, r["tokens"])[r.get("from", 0):] for r in request])

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from .export import output_quantization
 from .progress import Stages
 from .quant_cache import HqqCache
 
@@ -89,8 +90,9 @@ def _cwd(path: Path) -> Iterator[None]:
 
 
 def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_cache: Optional[HqqCache] = None,
-                   verbose: bool = False, reexport: bool = False) -> Path:
-    """Export ``cfg`` to ``output`` (a ``.pte``) in ``STAGES`` stages of ``stages``."""
+                   verbose: bool = False, reexport: bool = False, output_8bit: bool = False) -> Path:
+    """Export ``cfg`` to ``output`` (a ``.pte``) in ``STAGES`` stages of ``stages``; ``output_8bit``:
+    the output projection gets 8-bit weights (export.output_quantization)."""
     import torch
 
     if custom_ops:
@@ -108,7 +110,8 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
     enable_bf16 = cfg.backend.xnnpack.enable_bf16
 
     with _cwd(output.parent), torch.no_grad(), _quiet(verbose):
-        with stages.stage("loading the checkpoint, quantizing (HQQ), source transforms"), hqq_cache.active():
+        with stages.stage("loading the checkpoint, quantizing (HQQ), source transforms"), hqq_cache.active(), \
+                output_quantization(output_8bit):
             manager = lib._prepare_for_llama_export(cfg)
         print(hqq_cache.summary(), file=sys.stderr)
         if hqq_cache.save():

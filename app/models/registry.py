@@ -26,6 +26,10 @@ EMBEDDING_GROUP_SIZE = 32
 # float scale and an int8 zero point per position and head; llama::custom_quantized_sdpa attends
 # over it). Kernels for both are ours (native/src/).
 KV_CACHE_CHOICES = ("fp32", "int8")
+# The output projection (vocabulary x dim, the largest linear): "same" as the other linears, or
+# "8bit": int8 weights, one scale per row, int8 dynamic activations (XNNPACK's qd8-f32-qc8w), as
+# llama.cpp's Q4_0 files keep it at Q8_0. Only with --quantize 8da4w.
+OUTPUT_QUANTIZE_CHOICES = ("same", "8bit")
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class ModelSpec:
     use_hf_rope: bool  # qwen2 GGUF q/k are in HF (half-split) rope layout
     tied_output: bool  # output projection shares the embedding
     split_digits: bool  # pre-tokenizer splits digits one by one (SmolLM2)
+    default_output_quantize: str = "same"
 
     @property
     def joined(self) -> bool:
@@ -82,12 +87,16 @@ MODELS: dict[str, ModelSpec] = {
         default_quantize="8da4w",
         default_embedding_quantize="4bit",  # the fp32 table alone is 545 MB of 829
         default_max_seq_len=32768,  # what it was trained for; coding agents send 6k-12k-token prompts
-        # fp32: the int8 cache (--kv-cache int8, 27% of the bytes: 207 MiB instead of 768 at 32k)
-        # costs too much quality here. Measured 2026-11-30: perplexity 102.09 against 98.16 (+4.0%,
-        # 512-token windows), and over a 4k-token prompt next-token KL up to 0.16, greedy text
-        # parting after 5 tokens (tests/engine/test_compact_kv_cache.py). Qwen2's keys carry large
-        # bias outliers, which one scale per position and head spreads over all 64 channels.
-        default_kv_cache="fp32",
+        # int8 cache with smoothed keys (app/models/kv_smoothing.py): 6,624 bytes a position
+        # instead of 24,576 (207 MiB at 32k instead of 768). Measured 2026-11-30 on the 32k
+        # builds: perplexity +1.0% against the fp32 cache (99.12 vs 98.16; without the smoothing
+        # +4.0%), and over a 4k-token prompt next-token KL at most 0.025 against an fp32-cache
+        # reference of the same weights, where XNNPACK's kernels alone give 0.018
+        # (tests/engine/test_compact_kv_cache.py).
+        default_kv_cache="int8",
+        # 8-bit output projection (export.output_quantization): perplexity 96.02 against 99.12 with
+        # the 4-bit one (llama.cpp's Q4_0: 97.54), +60 MB of .pte, decode within noise.
+        default_output_quantize="8bit",
         group_size=32,
         eos_token_ids=(151645, 151643),
         bos_token_id=151643,
@@ -108,15 +117,17 @@ class BuildOptions:
     custom_ops: bool = DEFAULT_CUSTOM_OPS
     embedding_quantize: str = "none"
     kv_cache: str = "fp32"
+    output_quantize: str = "same"
 
     @property
     def variant(self) -> str:
         """Directory name encoding the options, e.g. ``ctx2048-fp32`` or ``ctx512-8da4w-e4-sdpa``
-        (``-kv8`` at the end for an int8 KV cache)."""
+        (``-o8`` for an 8-bit output projection, ``-kv8`` at the end for an int8 KV cache)."""
         quant = "fp32" if self.quantize == "none" else self.quantize
         emb = "-e4" if self.embedding_quantize == "4bit" else ""
+        out = "-o8" if self.output_quantize == "8bit" else ""
         kv = "-kv8" if self.kv_cache == "int8" else ""
-        return f"ctx{self.max_seq_len}-{quant}{emb}" + ("-sdpa" if self.custom_ops else "") + kv
+        return f"ctx{self.max_seq_len}-{quant}{emb}{out}" + ("-sdpa" if self.custom_ops else "") + kv
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -133,6 +144,7 @@ def resolve_options(
     custom_ops: Optional[bool] = None,
     embedding_quantize: Optional[str] = None,
     kv_cache: Optional[str] = None,
+    output_quantize: Optional[str] = None,
 ) -> BuildOptions:
     """Fill unset options with the model's defaults and validate them."""
     spec = get_spec(name)
@@ -143,6 +155,9 @@ def resolve_options(
         embedding_quantize=spec.default_embedding_quantize if embedding_quantize is None else embedding_quantize,
         # the quantized cache is written by the custom ops only: without them, fp32 unless asked
         kv_cache=(spec.default_kv_cache if custom_ops is not False else "fp32") if kv_cache is None else kv_cache,
+        output_quantize=(
+            (spec.default_output_quantize if quantize in (None, spec.default_quantize) else "same")
+            if output_quantize is None else output_quantize),
     )
     if opts.quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {opts.quantize!r}")
@@ -151,6 +166,10 @@ def resolve_options(
                          f"got {opts.embedding_quantize!r}")
     if opts.kv_cache not in KV_CACHE_CHOICES:
         raise ValueError(f"kv cache must be one of {KV_CACHE_CHOICES}, got {opts.kv_cache!r}")
+    if opts.output_quantize not in OUTPUT_QUANTIZE_CHOICES:
+        raise ValueError(f"output quantize must be one of {OUTPUT_QUANTIZE_CHOICES}, got {opts.output_quantize!r}")
+    if opts.output_quantize == "8bit" and opts.quantize != "8da4w":
+        raise ValueError("an 8-bit output projection goes with --quantize 8da4w")
     if opts.kv_cache != "fp32" and not opts.custom_ops:
         raise ValueError("a quantized KV cache needs the custom ops (drop --no-custom-ops)")
     if not 16 <= opts.max_seq_len <= 32768:

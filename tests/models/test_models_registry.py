@@ -19,6 +19,7 @@ def test_variants():
     assert BuildOptions(512, "8da4w", True).variant == "ctx512-8da4w-sdpa"
     assert BuildOptions(2048, "8da4w", True, "4bit").variant == "ctx2048-8da4w-e4-sdpa"
     assert BuildOptions(32768, "8da4w", True, "4bit", "int8").variant == "ctx32768-8da4w-e4-sdpa-kv8"
+    assert BuildOptions(32768, "8da4w", True, "4bit", "int8", "8bit").variant == "ctx32768-8da4w-e4-o8-sdpa-kv8"
 
 
 def test_defaults():
@@ -27,7 +28,9 @@ def test_defaults():
     assert (smol.max_seq_len, smol.quantize, smol.custom_ops) == (2048, "none", registry.DEFAULT_CUSTOM_OPS)
     assert (qwen.quantize, registry.MODELS["qwen2.5-coder-0.5b"].group_size) == ("8da4w", 32)
     assert qwen.max_seq_len == 32768  # what Qwen2.5-Coder was trained for
-    assert (qwen.kv_cache, smol.kv_cache) == ("fp32", "fp32")  # int8 measured too lossy for Qwen
+    assert (qwen.kv_cache, smol.kv_cache) == ("int8", "fp32")  # Qwen: int8 with smoothed keys
+    assert (qwen.output_quantize, smol.output_quantize) == ("8bit", "same")
+    assert qwen.variant == "ctx32768-8da4w-e4-o8-sdpa-kv8"
     assert resolve_options("qwen2.5-coder-0.5b", custom_ops=False).kv_cache == "fp32"
     assert resolve_options("qwen2.5-coder-0.5b", 4096).max_seq_len == 4096
     assert (qwen.embedding_quantize, smol.embedding_quantize) == ("4bit", "none")
@@ -42,6 +45,14 @@ def test_defaults():
         resolve_options("smollm2-135m", kv_cache="int4")
     with pytest.raises(ValueError):  # the quantized cache is only written by the custom ops
         resolve_options("smollm2-135m", custom_ops=False, kv_cache="int8")
+    # the 8-bit output projection goes with 8da4w only; another --quantize drops the default
+    assert resolve_options("qwen2.5-coder-0.5b", quantize="none").output_quantize == "same"
+    assert resolve_options("smollm2-135m", 512, "8da4w").output_quantize == "same"
+    assert resolve_options("smollm2-135m", 512, "8da4w", output_quantize="8bit").output_quantize == "8bit"
+    with pytest.raises(ValueError):
+        resolve_options("smollm2-135m", output_quantize="8bit")
+    with pytest.raises(ValueError):
+        resolve_options("qwen2.5-coder-0.5b", output_quantize="2bit")
 
 
 def test_eos_ids():
@@ -53,9 +64,9 @@ def test_paths(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
     assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32-sdpa"
     assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-sdpa")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-o8-sdpa-kv8")
     assert main(["path", "qwen2.5-coder-0.5b", "--no-custom-ops", "--embedding-quantize", "none"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx32768-8da4w")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx32768-8da4w-o8")
     assert main(["path", "smollm2-135m", "--out", str(tmp_path / "x")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "x")
 
@@ -82,7 +93,14 @@ def test_manifest_matches():
     assert not manifest_matches(dict(m, embedding_quantize="4bit"), spec, opts)
     assert not manifest_matches(dict(m, kv_cache="int8"), spec, opts)
     assert manifest_matches(dict(m, kv_cache="fp32"), spec, opts)
+    assert not manifest_matches(dict(m, output_quantize="8bit"), spec, opts)
     assert not manifest_matches(None, spec, opts)
+    o8 = BuildOptions(2048, "8da4w", False, output_quantize="8bit")
+    assert manifest_matches(dict(m, output_quantize="8bit"), spec, o8) and not manifest_matches(m, spec, o8)
+    # int8 caches: only builds with smoothed keys (older int8 builds are rebuilt)
+    kv8 = BuildOptions(2048, "8da4w", False, kv_cache="int8")
+    assert not manifest_matches(dict(m, kv_cache="int8"), spec, kv8)
+    assert manifest_matches(dict(m, kv_cache="int8", kv_smoothing={"alpha": 0.75}), spec, kv8)
 
 
 def test_tensor_names():
