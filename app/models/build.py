@@ -87,12 +87,14 @@ def build(
         with stages.stage("dequantizing weights to a checkpoint"):
             from .checkpoint import write_checkpoint
 
-            smoothing = tmp / "tokenizer.json" if options.kv_cache == "int8" else None
-            ckpt, params_path, params = write_checkpoint(reader, md, spec, work, key_smoothing=smoothing)
+            smoothing: dict = {}  # int8 caches: the key smoothing's factors and summary (kv_smoothing.FILE)
+            fold = ((lambda sd, p: smoothing.update(kv_smoothing.smooth_keys(sd, p, tmp / "tokenizer.json")))
+                    if options.kv_cache == "int8" else None)
+            ckpt, params_path, params = write_checkpoint(reader, md, spec, work, fold=fold)
             del reader, md
             shutil.copyfile(params_path, tmp / "params.json")
-            if smoothing is not None:
-                shutil.copyfile(work / kv_smoothing.FILE, tmp / kv_smoothing.FILE)
+            if smoothing:
+                (tmp / kv_smoothing.FILE).write_text(json.dumps(smoothing))
 
         from .export import make_llm_config
 
@@ -125,8 +127,7 @@ def build(
                 "embedding_quantize": options.embedding_quantize,
                 "kv_cache": options.kv_cache,
                 "output_quantize": options.output_quantize,
-                "kv_smoothing": (kv_smoothing.summary(json.loads((tmp / kv_smoothing.FILE).read_text()))
-                                 if options.kv_cache == "int8" else None),
+                "kv_smoothing": kv_smoothing.summary(smoothing) if smoothing else None,
                 "prefill_max_tokens": min(options.max_seq_len, PREFILL_MAX_TOKENS + 1) - 1,
                 "variant": options.variant,
                 "vocab_size": params["vocab_size"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from .gguf_meta import arch_value
 from .registry import ModelSpec
@@ -88,12 +88,11 @@ def dequantized_state_dict(reader, spec: ModelSpec) -> dict:
 
 
 def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path, *,
-                     key_smoothing: Path | dict | None = None) -> tuple[Path, Path, dict]:
+                     fold: Optional[Callable[[dict, dict], None]] = None) -> tuple[Path, Path, dict]:
     """Write ``checkpoint.pth`` and ``params.json`` into ``work_dir``; returns their paths and params.
 
-    ``key_smoothing`` (int8 KV caches, kv_smoothing.py): a tokenizer.json path to compute the
-    factors with (they are written to ``work_dir / kv_smoothing.FILE``), or the content of such
-    a file to fold the same factors in again.
+    ``fold(state_dict, params)``, if given, changes the fp32 weights in place before they are saved
+    (int8 KV caches: the key smoothing of kv_smoothing.py).
 
     ``work_dir`` must not contain "int8" or "8da4w": the exporter switches to pre-quantized loading
     when the checkpoint path contains those substrings.
@@ -104,14 +103,8 @@ def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path
         raise ValueError(f"checkpoint dir {work_dir} must not contain 'int8' or '8da4w'")
     sd = dequantized_state_dict(reader, spec)
     params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd)
-    if key_smoothing is not None:
-        from . import kv_smoothing
-
-        if isinstance(key_smoothing, dict):
-            kv_smoothing.replay(sd, params, key_smoothing)
-        else:
-            saved = kv_smoothing.smooth_keys(sd, params, key_smoothing)
-            (work_dir / kv_smoothing.FILE).write_text(json.dumps(saved))
+    if fold is not None:
+        fold(sd, params)
     ckpt = work_dir / "checkpoint.pth"
     params_path = work_dir / "params.json"
     # Untie (clone) so torch.save stores two tensors the model loads independently.

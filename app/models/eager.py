@@ -67,11 +67,13 @@ def load_eager_model(model_dir: Path, work_dir: Path, kv_cache: str | None = Non
 
         options = dataclasses.replace(options, kv_cache=kv_cache)
     reader = open_gguf(locate_gguf(spec))
-    from .kv_smoothing import FILE as SMOOTHING_FILE
+    from . import kv_smoothing
 
-    saved = model_dir / SMOOTHING_FILE  # an int8-cache build's key smoothing: the same factors again
-    smoothing = json.loads(saved.read_text()) if manifest.get("kv_smoothing") else None
-    ckpt, params, _ = write_checkpoint(reader, read_metadata(reader), spec, work_dir, key_smoothing=smoothing)
+    fold = None
+    if manifest.get("kv_smoothing"):  # an int8-cache build's key smoothing: the same factors again
+        saved = json.loads((model_dir / kv_smoothing.FILE).read_text())
+        fold = lambda sd, p: kv_smoothing.replay(sd, p, saved)  # noqa: E731
+    ckpt, params, _ = write_checkpoint(reader, read_metadata(reader), spec, work_dir, fold=fold)
     del reader
     cfg = make_llm_config(ckpt, params, options, group_size=spec.group_size, bos_id=manifest["bos_token_id"],
                           eos_ids=manifest["eos_token_ids"], output=work_dir / "unused.pte")

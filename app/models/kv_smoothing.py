@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 CALIBRATION_TEXT = Path(__file__).with_name("data") / "kv_calibration.txt"
+FILE = "kv_smoothing.json"  # in a model directory built with smoothed keys: the factors, for the eager reference
 ALPHA = 0.75
 CALIBRATION_TOKENS = 2048
 FLOOR = 1e-3  # no channel pair's maximum below this (dead channels)
@@ -84,12 +85,12 @@ def calibration_maxima(sd: dict, params: dict[str, Any], tokens: list[int]):
         raise RuntimeError(f"calibration model: missing {params_missing[:5]}, unexpected {unexpected[:5]}")
     model.eval()
     hd, hf = params["head_dim"], params.get("use_hf_rope", False)
-    kmax, qmax = [], []
+    stores: list[dict] = []  # per layer: "k" and "q" maxima
     hooks = []
     for layer in model.layers:
         att = layer.attention
         store: dict = {}
-        kmax.append(store)
+        stores.append(store)
         hooks.append(att.wk.register_forward_hook(
             lambda m, i, o, st=store: st.__setitem__("k", pair_max(o.reshape(*o.shape[:-1], -1, hd), hf))))
         hooks.append(att.wq.register_forward_hook(
@@ -100,9 +101,7 @@ def calibration_maxima(sd: dict, params: dict[str, Any], tokens: list[int]):
     finally:
         for h in hooks:
             h.remove()
-    k = torch.stack([st["k"] for st in kmax])
-    q = torch.stack([st["q"] for st in kmax])
-    return k, q
+    return torch.stack([st["k"] for st in stores]), torch.stack([st["q"] for st in stores])
 
 
 def apply_factors(sd: dict, s, params: dict[str, Any]) -> None:
@@ -117,9 +116,6 @@ def apply_factors(sd: dict, s, params: dict[str, Any]) -> None:
             bias = f"layers.{i}.attention.{name}.bias"
             if bias in sd:
                 sd[bias] = sd[bias] * f.to(sd[bias].dtype)
-
-
-FILE = "kv_smoothing.json"  # in a model directory built with smoothed keys: the factors, for the eager reference
 
 
 def smooth_keys(sd: dict, params: dict[str, Any], tokenizer_json: Path) -> dict:
