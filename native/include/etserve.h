@@ -80,6 +80,12 @@ ETS_API void ets_set_log_level(int min_level);
 ETS_API int ets_set_num_threads(int num_threads);
 ETS_API int ets_get_num_threads(void);
 
+/* The attention kernel over int8 KV caches: `want` 0 generic (AVX2), 1 Intel AMX
+ * tiles, -1 no change. Returns the kernel in use (0 or 1), or -1 when AMX was asked
+ * for and the CPU or OS lacks it. Default: AMX where supported, unless the
+ * environment sets ETSERVE_ATTENTION=generic. */
+ETS_API int ets_attention_kernel(int want);
+
 /* Opens a .pte and loads its forward method; NULL on failure with `err` filled
  * (operators the program needs but this runtime lacks are named there). */
 ETS_API ets_model* ets_model_open(const char* path, char* err, size_t err_len);

@@ -1,12 +1,20 @@
 // Attention core: see attention.h.
 #include "attention.h"
 
+#include "attention_amx.h"
 #include "simd.h"
 
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 namespace etserve {
@@ -173,12 +181,113 @@ int64_t thread_count() {
 
 }  // namespace
 
+const float* attn_load_row(const AttnArgs& a, int which, int64_t b, int64_t s, int64_t h,
+                           float* buf, float mul) {
+  const AttnOperand& x = which == 0 ? a.q : which == 1 ? a.k : a.v;
+  return load_row(x, b, s, h, a.D, buf, mul);
+}
+
+namespace {
+
+// CPUID leaf 7 and XCR0: AMX-TILE, AMX-BF16, AMX-INT8, AVX512 F/BW/VL/DQ and BF16, with
+// the OS saving opmask, ZMM and tile state; then the tile data permission
+// Linux asks a process to request (arch_prctl ARCH_REQ_XCOMP_PERM).
+bool detect_amx() {
+#if defined(__x86_64__) && defined(__linux__)
+  auto cpuid = [](unsigned leaf, unsigned sub, unsigned r[4]) {
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+  };
+  unsigned r[4];
+  cpuid(0, 0, r);
+  if (r[0] < 7) return false;
+  cpuid(1, 0, r);
+  if (!(r[2] & (1u << 27))) return false;  // OSXSAVE
+  cpuid(7, 0, r);
+  const bool f = r[1] & (1u << 16), dq = r[1] & (1u << 17), bw = r[1] & (1u << 30),
+             vl = r[1] & (1u << 31);
+  const bool amx_bf16 = r[3] & (1u << 22), amx_tile = r[3] & (1u << 24),
+             amx_int8 = r[3] & (1u << 25);
+  cpuid(7, 1, r);
+  const bool avx512_bf16 = r[0] & (1u << 5);
+  if (!(f && dq && bw && vl && amx_bf16 && amx_int8 && amx_tile && avx512_bf16)) return false;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const uint64_t xcr0 = (uint64_t(hi) << 32) | lo;
+  const uint64_t need = (1u << 1) | (1u << 2) | (1u << 5) | (1u << 6) | (1u << 7) |
+                        (uint64_t(1) << 17) | (uint64_t(1) << 18);
+  if ((xcr0 & need) != need) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+// -1 undecided; else 0 generic, 1 AMX.
+std::atomic<int> g_kernel{-1};
+
+int kernel_choice() {
+  int k = g_kernel.load(std::memory_order_relaxed);
+  if (k >= 0) return k;
+  const char* env = std::getenv("ETSERVE_ATTENTION");
+  k = amx_attention_supported() && !(env && std::strcmp(env, "generic") == 0) ? 1 : 0;
+  g_kernel.store(k, std::memory_order_relaxed);
+  return k;
+}
+
+}  // namespace
+
+bool amx_attention_supported() {
+  static const bool ok = detect_amx();
+  return ok;
+}
+
+int attention_kernel(int want) {
+  if (want == 0) g_kernel.store(0);
+  if (want == 1) {
+    if (!amx_attention_supported()) return -1;
+    g_kernel.store(1);
+  }
+  return kernel_choice();
+}
+
+namespace {
+
+// One thread's tile runner: the AMX tile when it applies, else the generic one.
+class TileRunner {
+ public:
+  TileRunner(const AttnArgs& a, int64_t R, bool amx)
+      : a_(a), amx_(amx ? amx_scratch_new(R, a.H / a.Hkv) : nullptr),
+        sc_(amx_ ? 0 : R * (a.H / a.Hkv), amx_ ? 0 : R, amx_ ? 0 : a.D) {}
+  ~TileRunner() { amx_scratch_free(amx_); }
+  TileRunner(const TileRunner&) = delete;
+  TileRunner& operator=(const TileRunner&) = delete;
+
+  void run(int64_t b, int64_t i0, int64_t rows, int64_t g, int64_t j0, int64_t j1,
+           const Partial* partial) {
+    if (amx_ != nullptr) {
+      attend_tile_amx(a_, b, i0, rows, g, j0, j1, amx_, partial ? partial->m : nullptr,
+                      partial ? partial->l : nullptr, partial ? partial->acc : nullptr);
+    } else {
+      attend_tile(a_, b, i0, rows, g, j0, j1, sc_, partial);
+    }
+  }
+
+ private:
+  const AttnArgs& a_;
+  AmxScratch* amx_;
+  Scratch sc_;
+};
+
+}  // namespace
+
 void run_attention(const AttnArgs& a) {
   const int64_t G = a.H / a.Hkv;
   const int64_t R = std::min<int64_t>(a.S, kRowTile);
   const int64_t tiles = (a.S + R - 1) / R;
   const int64_t units = a.B * tiles * a.Hkv;  // (batch, row tile, kv head)
   if (units <= 0) return;
+  const bool amx = amx_attention_applies(a) && kernel_choice() == 1;
   // Unit u -> batch, first row, rows, kv head.
   auto unit = [&](int64_t u, int64_t* b, int64_t* i0, int64_t* rows, int64_t* g) {
     *g = u % a.Hkv;
@@ -190,11 +299,11 @@ void run_attention(const AttnArgs& a) {
   const int64_t threads = thread_count();
   const int64_t work = a.B * a.S * a.H * a.n_kv * a.D;
   if (threads <= 1 || work < (1 << 17)) {  // below ~20 us: not worth waking threads
-    Scratch sc(R * G, R, a.D);
+    TileRunner run(a, R, amx);
     for (int64_t u = 0; u < units; ++u) {
       int64_t b, i0, rows, g;
       unit(u, &b, &i0, &rows, &g);
-      attend_tile(a, b, i0, rows, g, 0, a.n_kv, sc, nullptr);
+      run.run(b, i0, rows, g, 0, a.n_kv, nullptr);
     }
     return;
   }
@@ -206,11 +315,11 @@ void run_attention(const AttnArgs& a) {
   }
   if (splits <= 1) {
     executorch::extension::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-      Scratch sc(R * G, R, a.D);
+      TileRunner run(a, R, amx);
       for (int64_t u = u0; u < u1; ++u) {
         int64_t b, i0, rows, g;
         unit(u, &b, &i0, &rows, &g);
-        attend_tile(a, b, i0, rows, g, 0, a.n_kv, sc, nullptr);
+        run.run(b, i0, rows, g, 0, a.n_kv, nullptr);
       }
     });
     return;
@@ -220,7 +329,7 @@ void run_attention(const AttnArgs& a) {
   const int64_t per = NQ * (a.D + 2);  // per (unit, split): NQ maxima, NQ sums, NQ * D sums
   std::vector<float> part(static_cast<size_t>(units * splits * per));
   executorch::extension::parallel_for(0, units * splits, 1, [&](int64_t w0, int64_t w1) {
-    Scratch sc(R * G, R, a.D);
+    TileRunner run(a, R, amx);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t c = w % splits;
       int64_t b, i0, rows, g;
@@ -229,7 +338,7 @@ void run_attention(const AttnArgs& a) {
       Partial pt{base, base + NQ, base + 2 * NQ};
       std::fill(base, base + NQ, -INFINITY);
       std::fill(base + NQ, base + 2 * NQ, 0.f);
-      attend_tile(a, b, i0, rows, g, c * chunk, std::min(a.n_kv, (c + 1) * chunk), sc, &pt);
+      run.run(b, i0, rows, g, c * chunk, std::min(a.n_kv, (c + 1) * chunk), &pt);
     }
   });
   for (int64_t u = 0; u < units; ++u) {

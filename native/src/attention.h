@@ -41,4 +41,10 @@ struct AttnArgs {
 // Writes o for every (batch, row, head) of `a`.
 void run_attention(const AttnArgs& a);
 
+// The kernel for int8 KV caches: want 0 generic, 1 AMX (if supported), -1
+// leave as is. Returns the kernel in use (1 AMX, 0 generic), or -1 when AMX
+// was asked for and this CPU or OS lacks it. Chosen at first use: AMX where
+// supported unless $ETSERVE_ATTENTION=generic.
+int attention_kernel(int want);
+
 }  // namespace etserve

@@ -1,6 +1,7 @@
 // The model half of the C ABI: open a .pte, read its metadata methods, run
 // forward in chunks, keep the last logits. See include/etserve.h.
 #include "etserve.h"
+#include "attention.h"
 #include "model.h"
 #include "runtime_log.h"
 
@@ -104,6 +105,8 @@ int ets_get_num_threads(void) {
   threadpool::ThreadPool* pool = threadpool::get_threadpool();
   return pool == nullptr ? 0 : static_cast<int>(pool->get_thread_count());
 }
+
+int ets_attention_kernel(int want) { return etserve::attention_kernel(want); }
 
 ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
   etserve::log_install();

@@ -14,9 +14,15 @@ against an fp32 cache holding the same model, over a real 4,096-token prompt of 
   tokens, so a disagreement is where free-running greedy texts part: at near-ties only);
 - session snapshots hold the compact form and restore it exactly.
 
-Measured 2026-11-30 on the 32k build: KL max 0.020 after the prefill chunks, 0.025 (mean 0.0065)
-over the generated positions, top-1 on 63 of 64, every confident position agreeing; the greedy
-texts part at token 5, at a near-tie. The same comparison of the fp32-cache .pte against its
+Measured 2026-11-30 on the 32k build, with each of our two attention kernels for int8 caches
+(both exact to ~1e-6; they differ in the order of fp32 roundings):
+- AMX tiles (the default where the CPU has them): KL max 0.012 after the prefill chunks, 0.018
+  (mean 0.0057) over the generated positions, top-1 on 64 of 64, greedy texts identical for all
+  64 tokens;
+- generic (ETSERVE_ATTENTION=generic): KL max 0.018 after the chunks, 0.050 (mean 0.0066) over
+  the generated positions, top-1 on 62 of 64; the texts part at token 5 (top-2 margin 0.007).
+Every confident position agrees with either. Which positions are near-ties depends on where the
+texts part, so the bounds leave room for a run of them. The same comparison of the fp32-cache .pte against its
 eager model (XNNPACK's kernels alone) measures KL max 0.018 (mean 0.0042), 63 of 64, parting at
 token 29.
 Measured 2026-11-30, before key smoothing (ctx 32768 builds, pte against pte): KL up to 0.16,
@@ -48,8 +54,8 @@ from app.text.tokenizer import Tokenizer
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_TOKENS = 4096
 NEW_TOKENS = 64
-MAX_KL = 0.05  # measured 0.025; an fp32-cache .pte against the same reference: 0.018
-MIN_AGREEMENT = 62 / 64  # measured 63/64, as for an fp32-cache .pte
+MAX_KL = 0.08  # measured 0.018 (AMX kernel) and 0.050 (generic kernel); an fp32-cache .pte: 0.018
+MIN_AGREEMENT = 60 / 64  # measured 64/64 (AMX) and 62/64 (generic); an fp32-cache .pte: 63/64
 CONFIDENT_MARGIN = 1.0  # every position where the reference's top-2 margin is this or more agrees
 
 

@@ -330,6 +330,20 @@ def i8ptr(a):
     return a.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
 
+@pytest.fixture(params=["generic", "amx"])
+def int8_kernel(request, lib):
+    """Runs an int8-cache test on each attention kernel: the generic one (AVX2) and, where
+    the CPU and OS have them, Intel AMX tiles (ets_attention_kernel)."""
+    lib.ets_attention_kernel.argtypes = [c_int]
+    lib.ets_attention_kernel.restype = c_int
+    before = lib.ets_attention_kernel(-1)
+    want = {"generic": 0, "amx": 1}[request.param]
+    if lib.ets_attention_kernel(want) != want:
+        pytest.skip("this CPU or OS has no AMX-BF16")
+    yield request.param
+    lib.ets_attention_kernel(before)
+
+
 def run_quantized_sdpa(lib, q, k, v, start_pos, causal, mask=None, scale=None):
     (q8, qs, qz, _), (k8, ks, kz, _), (v8, vs, vz, _) = q, k, v
     B, S, H, D = q8.shape
@@ -345,7 +359,7 @@ def run_quantized_sdpa(lib, q, k, v, start_pos, causal, mask=None, scale=None):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("shape", SHAPES + [(1, 40, 14, 2, 64, 700, 300), (1, 1, 14, 2, 64, 3000, 2999)],
                          ids=lambda s: "B%d_S%d_H%d_Hkv%d_D%d_Smax%d_pos%d" % s)
-def test_custom_quantized_sdpa_matches_dequantized_reference(lib, shape, causal):
+def test_custom_quantized_sdpa_matches_dequantized_reference(lib, int8_kernel, shape, causal):
     B, S, H, Hkv, D, Smax, start_pos = shape
     rng = np.random.default_rng(hash(shape) % 2**32)
     q = _quantized(rng, B, S, H, D)
@@ -358,7 +372,7 @@ def test_custom_quantized_sdpa_matches_dequantized_reference(lib, shape, causal)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_custom_quantized_sdpa_threads_and_mask(lib, threads):
+def test_custom_quantized_sdpa_threads_and_mask(lib, int8_kernel, threads):
     """Decode over a long cache split over threads, and the additive-mask form."""
     lib.ets_set_num_threads.argtypes = [c_int]
     lib.ets_get_num_threads.restype = c_int
@@ -380,6 +394,38 @@ def test_custom_quantized_sdpa_threads_and_mask(lib, threads):
     assert rc == 0 and rc2 == 0
     assert np.abs(out - ref_sdpa(q[3], k[3], v[3], 1800, True)).max() <= 1e-4
     assert np.abs(out_m - ref_sdpa(q[3], k[3], v[3], 0, False, mask=mask)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_custom_quantized_sdpa_extremes(lib, int8_kernel, threads):
+    """Scores in the hundreds (one key dominates), a mask that hides the first blocks
+    entirely (the running max starts at -inf), a row with nothing visible (zeros), and a
+    cache length that is not a multiple of any block."""
+    lib.ets_set_num_threads.argtypes = [c_int]
+    lib.ets_get_num_threads.restype = c_int
+    before = lib.ets_get_num_threads()
+    rng = np.random.default_rng(11 + threads)
+    B, S, H, Hkv, D, Smax = 1, 3, 14, 2, 64, 1001
+    q = _quantized(rng, B, S, H, D)
+    k = _quantized(rng, B, Smax, Hkv, D)
+    v = _quantized(rng, B, Smax, Hkv, D)
+    q[1][:] *= 20  # scales: scores ~ +-400
+    q = (q[0], q[1], q[2], (q[0].astype(np.float64) - q[2]) * q[1])
+    mask = np.full((S, Smax), -np.inf, np.float32)
+    mask[0, 700:] = 0.0
+    mask[1, 999] = 0.0
+    mask[1, 40:45] = -1.0
+    try:
+        assert lib.ets_set_num_threads(threads) == 0
+        rc, out = run_quantized_sdpa(lib, q, k, v, 0, False, mask=mask)
+        rc2, out_c = run_quantized_sdpa(lib, q, k, v, Smax - S, True)
+    finally:
+        lib.ets_set_num_threads(before)
+    assert rc == 0 and rc2 == 0
+    ref = ref_sdpa(q[3][:, :2], k[3], v[3], 0, False, mask=mask[:2])
+    assert np.array_equal(out[0, 2], np.zeros((H, D), np.float32))  # row 2 sees nothing
+    assert np.abs(out[:, :2] - ref).max() <= 1e-4
+    assert np.abs(out_c - ref_sdpa(q[3], k[3], v[3], Smax - S, True)).max() <= 1e-4
 
 
 def test_custom_quantized_sdpa_refuses_bad_parameters(lib):

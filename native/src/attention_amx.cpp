@@ -1,0 +1,557 @@
+// AMX attention tile over an int8 KV cache: see attention_amx.h.
+//
+// Compiled with AMX and AVX-512 enabled (native/Makefile); nothing here runs
+// unless amx_attention_supported() (attention.cpp) said the CPU has them.
+//
+// Per block of 128 keys, converted once for every query vector of the tile
+// (during the previous block, so its stores have retired when tiles load it):
+//   K: the raw rows, transposed dword-wise into the B-operand layout (quads of
+//      dims x 16 keys), one tile per 16 keys;
+//   V: raw values in bf16, rows 2r and 2r+1 interleaved (key pairs x 16 dims).
+// Per A block of up to 16 query vectors (tile rows; decode has G = 7):
+//   S  = Q K^T in int32, one product per query digit and 16 keys;
+//   softmax on S rows: zero points, scales, causal limit, mask, running max
+//   and sum; P' = P * value scale, split into bf16 Phi + Plo;
+//   O  = (Phi + Plo) V, two tile products per 32 keys and 16 dims, merged
+//   into the fp32 accumulators with the running-max correction, minus
+//   sum(P' * value zero point).
+#include "attention_amx.h"
+
+#include "attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace etserve {
+
+namespace {
+
+constexpr int kD = 64;   // head dim handled
+constexpr int kKB = 128;          // keys per block
+constexpr int kG16 = kKB / 16;    // 16-key groups of a block (score tiles)
+constexpr int kC32 = kKB / 32;    // 32-key chunks of a block (probability tiles)
+constexpr int kM = 16;            // query vectors per A block (tile rows)
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-5: m rows (query vectors) x 64 bytes, the A operands and results;
+// 6, 7: 16 rows x 64 bytes, the B operands (keys, values).
+void load_tile_config(int m) {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(t < 6 ? m : 16);
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// e^x, x <= 0 or -inf (-> ~1e-38): the polynomial of simd.h's exp256.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 32 floats (a: the first 16, b: the next 16) as bf16, in order.
+inline __m512i to_bf16(__m512 a, __m512 b) { return (__m512i)_mm512_cvtne2ps_pbh(b, a); }
+
+// The fp32 value of 16 bf16.
+inline __m512 from_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// x = hi + lo, each 32 values in bf16 (x0: the first 16, x1: the next 16).
+inline void split_bf16(__m512 x0, __m512 x1, __m512i* hi, __m512i* lo) {
+  const __m512i h = to_bf16(x0, x1);
+  const __m512 d0 = _mm512_sub_ps(x0, from_bf16(_mm512_castsi512_si256(h)));
+  const __m512 d1 = _mm512_sub_ps(x1, from_bf16(_mm512_extracti64x4_epi64(h, 1)));
+  *hi = h;
+  *lo = to_bf16(d0, d1);
+}
+
+// 64 int8 as bf16 (exact): dims 0-31, 32-63.
+inline void int8_row_bf16(const int8_t* x, __m512i* d0, __m512i* d1) {
+  __m512 f[4];
+  for (int c = 0; c < 4; ++c)
+    f[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16 * c))));
+  *d0 = to_bf16(f[0], f[1]);
+  *d1 = to_bf16(f[2], f[3]);
+}
+
+// In-register transpose of a 16 x 16 matrix of dwords: r[i] lane j -> r[j] lane i.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4g + e]: rows 4g..4g+3, element 4L+e in 128-bit lane L.
+  for (int g = 0; g < 4; ++g) {
+    const __m512i* tg = t + 4 * g;
+    u[4 * g + 0] = _mm512_unpacklo_epi64(tg[0], tg[2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(tg[0], tg[2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(tg[1], tg[3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(tg[1], tg[3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i v01 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x88);
+    const __m512i v23 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xDD);
+    const __m512i w01 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x88);
+    const __m512i w23 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xDD);
+    r[e] = _mm512_shuffle_i32x4(v01, w01, 0x88);
+    r[4 + e] = _mm512_shuffle_i32x4(v23, w23, 0x88);
+    r[8 + e] = _mm512_shuffle_i32x4(v01, w01, 0xDD);
+    r[12 + e] = _mm512_shuffle_i32x4(v23, w23, 0xDD);
+  }
+}
+
+// The rows of one (batch, kv head) of an int8 operand from position j0 on: data,
+// scales and zero points as plain pointers and strides (kept in registers: the
+// tile buffers' vector stores may alias anything, the AttnArgs fields included).
+struct RowsI8 {
+  const int8_t* x;
+  const float* scale;
+  const int8_t* zp;
+  int64_t xs, ss, zs;
+  RowsI8(const AttnOperand& o, int64_t b, int64_t h, int64_t j0)
+      : x(o.i8 + b * o.sb + h * o.sh + j0 * o.ss),
+        scale(o.scale + b * o.sc_sb + h * o.sc_sh + j0 * o.sc_ss),
+        zp(o.zero_point + b * o.zp_sb + h * o.zp_sh + j0 * o.zp_ss),
+        xs(o.ss), ss(o.sc_ss), zs(o.zp_ss) {}
+  const int8_t* row(int64_t j) const { return x + j * xs; }
+
+  // Scales and zero points (as floats) of rows j..j+15, zero past j + n.
+  void params16(int64_t j, int64_t n, float* sdst, float* zdst) const {
+    n = std::max<int64_t>(n, 0);
+    const __mmask16 live = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u);
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    if (ss == 1) {
+      _mm512_store_ps(sdst, _mm512_maskz_loadu_ps(live, scale + j));
+    } else {
+      const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ss)));
+      _mm512_store_ps(sdst, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx, scale + j * ss, 4));
+    }
+    if (zs <= 4) {  // the 16 bytes lie within 64: one masked load, then compacted
+      const int64_t span = n > 0 ? (std::min<int64_t>(n, 16) - 1) * zs + 1 : 0;
+      const __mmask64 bytes = span >= 64 ? ~__mmask64(0) : ((__mmask64(1) << span) - 1);
+      const __m512i raw = _mm512_maskz_loadu_epi8(bytes, zp + j * zs);
+      const __m512i pick = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(zs)));
+      // byte n*zs of raw into byte n: vpermb with index bytes n*zs (the dword lanes' low bytes)
+      const __m512i idx8 = _mm512_zextsi128_si512(_mm512_cvtepi32_epi8(pick));
+      const __m128i z = _mm512_castsi512_si128(_mm512_permutexvar_epi8(idx8, raw));
+      _mm512_store_ps(zdst, _mm512_maskz_mov_ps(live, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(z))));
+    } else {
+      for (int64_t i = 0; i < 16; ++i) zdst[i] = i < n ? static_cast<float>(zp[(j + i) * zs]) : 0.f;
+    }
+  }
+};
+
+}  // namespace
+
+// One block of keys and values, converted for the tiles.
+struct KVBlock {
+  uint32_t* bk;  // [kG16][16 dim quads][16 keys]: raw int8 keys
+  uint16_t* bv;  // [kC32][4 dim groups][16 key pairs][16 dims x 2]
+  float* sk;     // [kKB] key scales
+  float* zk;     // [kKB] key zero points
+  float* sv;     // [kKB] value scales
+  float* zv;     // [kKB] value zero points
+};
+
+struct AmxScratch {
+  int64_t nq_pad = 0;
+  // All 64-byte aligned, in one allocation.
+  int8_t* qd;       // [3 digits][nq_pad][64]: queries in fixed point, base-256 digits
+  float* qs;        // [nq_pad] the fixed point's unit
+  float* qsum;      // [nq_pad] the sum of the fixed-point query
+  float* acc;       // [nq_pad][64]
+  float* m;         // [nq_pad]
+  float* l;         // [nq_pad]
+  KVBlock blk[2];   // the block being attended and the next, being converted
+  int32_t* sd;      // [3 digits][16][kKB] integer dot products of the digits
+  float* s;         // [16][kKB] scores, then
+  uint16_t* phi;    // [16][kKB] probabilities times value scales, hi
+  uint16_t* plo;    // [16][kKB] and lo
+  float* ob;        // [16][64] the block's weighted sums
+  float* cz;        // [16] per row of the A block: sum of P' * zero point, for the raw values
+  float* corr;      // [16]
+  float* qrow;      // [64]
+  int64_t* lim;     // [rows]
+  void* mem = nullptr;
+};
+
+AmxScratch* amx_scratch_new(int64_t rows, int64_t G) {
+  auto* s = new (std::nothrow) AmxScratch;
+  if (s == nullptr) return nullptr;
+  const int64_t nq = rows * G;
+  s->nq_pad = (nq + kM - 1) / kM * kM;
+  const size_t np = size_t(s->nq_pad);
+  const size_t sizes[] = {3 * np * kD, np * 4, np * 4, np * kD * 4, np * 4, np * 4,
+                          size_t(kG16) * 256 * 4, size_t(kC32) * 4 * 512 * 2,
+                          size_t(kG16) * 256 * 4, size_t(kC32) * 4 * 512 * 2,
+                          3 * 16 * kKB * 4, 16 * kKB * 4, 16 * kKB * 2, 16 * kKB * 2, 16 * kD * 4,
+                          kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4,
+                          16 * 4, 16 * 4, kD * 4,
+                          size_t(rows) * 8};
+  void** slots[] = {reinterpret_cast<void**>(&s->qd),   reinterpret_cast<void**>(&s->qs),
+                    reinterpret_cast<void**>(&s->qsum), reinterpret_cast<void**>(&s->acc),
+                    reinterpret_cast<void**>(&s->m),    reinterpret_cast<void**>(&s->l),
+                    reinterpret_cast<void**>(&s->blk[0].bk), reinterpret_cast<void**>(&s->blk[0].bv),
+                    reinterpret_cast<void**>(&s->blk[1].bk), reinterpret_cast<void**>(&s->blk[1].bv),
+                    reinterpret_cast<void**>(&s->sd),
+                    reinterpret_cast<void**>(&s->s),    reinterpret_cast<void**>(&s->phi),
+                    reinterpret_cast<void**>(&s->plo),  reinterpret_cast<void**>(&s->ob),
+                    reinterpret_cast<void**>(&s->blk[0].sk), reinterpret_cast<void**>(&s->blk[0].zk),
+                    reinterpret_cast<void**>(&s->blk[0].sv), reinterpret_cast<void**>(&s->blk[0].zv),
+                    reinterpret_cast<void**>(&s->blk[1].sk), reinterpret_cast<void**>(&s->blk[1].zk),
+                    reinterpret_cast<void**>(&s->blk[1].sv), reinterpret_cast<void**>(&s->blk[1].zv),
+                    reinterpret_cast<void**>(&s->cz),
+                    reinterpret_cast<void**>(&s->corr), reinterpret_cast<void**>(&s->qrow),
+                    reinterpret_cast<void**>(&s->lim)};
+  static_assert(sizeof(sizes) / sizeof(sizes[0]) == sizeof(slots) / sizeof(slots[0]), "");
+  size_t total = 0;
+  for (size_t z : sizes) total += (z + 63) / 64 * 64;
+  char* p = static_cast<char*>(std::aligned_alloc(64, total));
+  if (p == nullptr) {
+    delete s;
+    return nullptr;
+  }
+  std::memset(p, 0, total);
+  s->mem = p;
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+    *slots[i] = p;
+    p += (sizes[i] + 63) / 64 * 64;
+  }
+  return s;
+}
+
+void amx_scratch_free(AmxScratch* s) {
+  if (s == nullptr) return;
+  std::free(s->mem);
+  delete s;
+}
+
+bool amx_attention_applies(const AttnArgs& a) {
+  return a.D == kD && a.k.i8 != nullptr && a.v.i8 != nullptr;
+}
+
+namespace {
+
+// Converts keys [jb, jb + len) of (b, g) and their values into `kb`, the
+// groups and chunks that hold them; positions past len
+// in those are zero.
+void convert_block(const AttnArgs& a, int64_t b, int64_t g, int64_t jb, int64_t len,
+                   const KVBlock& kb) {
+  const RowsI8 K(a.k, b, g, jb), V(a.v, b, g, jb);
+  float* const sk = kb.sk;
+  float* const zk = kb.zk;
+  float* const sv = kb.sv;
+  float* const zv = kb.zv;
+  uint32_t* const bk = kb.bk;
+  uint16_t* const bv = kb.bv;
+  // B operand of S = Q K^T (int8): tile per 16-key group, row r = dims
+  // 4r..4r+3, column n = key n of the group: the raw rows, transposed dword-wise.
+  for (int64_t grp = 0; grp * 16 < len; ++grp) {
+    __m512i k[16];
+    for (int64_t n = 0; n < 16; ++n) {
+      const int64_t j = grp * 16 + n;
+      k[n] = j < len ? _mm512_loadu_si512(K.row(j)) : _mm512_setzero_si512();
+    }
+    K.params16(grp * 16, len - grp * 16, sk + grp * 16, zk + grp * 16);
+    transpose16(k);
+    uint32_t* dst = bk + grp * 256;
+    for (int i = 0; i < 16; ++i) _mm512_store_si512(dst + 16 * i, k[i]);
+  }
+  // B operand of O = P V: tile (32-key chunk, dim group dg), row r = keys
+  // (2r, 2r+1) of the chunk, column n = dim 16 dg + n, the two keys' values
+  // adjacent. Raw values: the zero points are subtracted after (sc->cz).
+  alignas(64) static const uint16_t kIdx[2][32] = {
+      {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+      {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+       24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+  const __m512i idx_lo = _mm512_load_si512(kIdx[0]);
+  const __m512i idx_hi = _mm512_load_si512(kIdx[1]);
+  for (int64_t c = 0; c * 32 < len; ++c) {
+    V.params16(c * 32, len - c * 32, sv + c * 32, zv + c * 32);
+    V.params16(c * 32 + 16, len - c * 32 - 16, sv + c * 32 + 16, zv + c * 32 + 16);
+    for (int64_t r = 0; r < 16; ++r) {
+      __m512i a0[2], a1[2];  // keys 2r and 2r+1 of the chunk: dims 0-31, 32-63
+      for (int e = 0; e < 2; ++e) {
+        const int64_t j = c * 32 + 2 * r + e;
+        __m512i* d = e == 0 ? a0 : a1;
+        if (j < len) {
+          int8_row_bf16(V.row(j), &d[0], &d[1]);
+        } else {
+          d[0] = d[1] = _mm512_setzero_si512();
+        }
+      }
+      uint16_t* dst = bv + c * 4 * 512 + r * 32;
+      _mm512_store_si512(dst + 0 * 512, _mm512_permutex2var_epi16(a0[0], idx_lo, a1[0]));
+      _mm512_store_si512(dst + 1 * 512, _mm512_permutex2var_epi16(a0[0], idx_hi, a1[0]));
+      _mm512_store_si512(dst + 2 * 512, _mm512_permutex2var_epi16(a0[1], idx_lo, a1[1]));
+      _mm512_store_si512(dst + 3 * 512, _mm512_permutex2var_epi16(a0[1], idx_hi, a1[1]));
+    }
+  }
+}
+
+// Row i of the A block: scores (sc->s) -> probabilities times value scales as
+// bf16 hi + lo over `chunks` 32-key chunks (zero past `vis` keys); updates the
+// running max and sum of query vector t; returns the correction of its
+// previous accumulators.
+float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t t,
+                  int64_t vis, int64_t chunks, const float* mrow) {
+  float* srow = sc->s + i * kKB;
+  const int32_t* d0 = sc->sd + i * kKB;
+  const int32_t* d1 = d0 + 16 * kKB;
+  const int32_t* d2 = d1 + 16 * kKB;
+  const __m512 qsum = _mm512_set1_ps(sc->qsum[t]), qs = _mm512_set1_ps(sc->qs[t]);
+  uint16_t* ph = sc->phi + i * kKB;
+  uint16_t* pl = sc->plo + i * kKB;
+  auto zero_from = [&](int64_t c0) {
+    for (int64_t c = c0; c < chunks; ++c) {
+      _mm512_store_si512(ph + 32 * c, _mm512_setzero_si512());
+      _mm512_store_si512(pl + 32 * c, _mm512_setzero_si512());
+    }
+  };
+  sc->cz[i] = 0.f;
+  if (vis == 0) {
+    zero_from(0);
+    return 1.f;
+  }
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  const int64_t nv = (vis + 15) / 16;
+  __m512 mx = ninf;
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t rest = vis - 16 * v;
+    const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
+    // q.k = d0 + 256 d1 + 65536 d2 in the fixed point; minus zp * sum(q); times both units.
+    __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(d1 + 16 * v)), _mm512_set1_ps(256.f),
+                               _mm512_cvtepi32_ps(_mm512_load_si512(d0 + 16 * v)));
+    x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(d2 + 16 * v)), _mm512_set1_ps(65536.f), x);
+    x = _mm512_fnmadd_ps(_mm512_load_ps(kb.zk + 16 * v), qsum, x);
+    x = _mm512_mul_ps(x, _mm512_mul_ps(_mm512_load_ps(kb.sk + 16 * v), qs));
+    if (mrow) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, mrow + 16 * v));
+    x = _mm512_mask_mov_ps(ninf, k, x);
+    _mm512_store_ps(srow + 16 * v, x);
+    mx = _mm512_max_ps(mx, x);
+  }
+  const float mo = sc->m[t];
+  const float mn = std::max(mo, _mm512_reduce_max_ps(mx));
+  if (!(mn > -INFINITY)) {  // everything so far masked out
+    zero_from(0);
+    return 1.f;
+  }
+  const float corr = mo > -INFINITY ? std::exp(mo - mn) : 0.f;
+  const __m512 vmn = _mm512_set1_ps(mn);
+  __m512 sum = _mm512_setzero_ps(), zsum = _mm512_setzero_ps();
+  const int64_t nc = (nv + 1) / 2;
+  for (int64_t c = 0; c < nc; ++c) {
+    __m512 pv[2];
+    for (int e = 0; e < 2; ++e) {
+      const int64_t v = 2 * c + e;
+      const int64_t rest = vis - 16 * v;
+      if (rest <= 0) {
+        pv[e] = _mm512_setzero_ps();
+        continue;
+      }
+      const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
+      const __m512 p = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), vmn)));
+      sum = _mm512_add_ps(sum, p);
+      pv[e] = _mm512_mul_ps(p, _mm512_load_ps(kb.sv + 16 * v));
+      zsum = _mm512_fmadd_ps(pv[e], _mm512_load_ps(kb.zv + 16 * v), zsum);
+    }
+    __m512i h, l;
+    split_bf16(pv[0], pv[1], &h, &l);
+    _mm512_store_si512(ph + 32 * c, h);
+    _mm512_store_si512(pl + 32 * c, l);
+  }
+  zero_from(nc);
+  sc->l[t] = sc->l[t] * corr + _mm512_reduce_add_ps(sum);
+  sc->m[t] = mn;
+  sc->cz[i] = _mm512_reduce_add_ps(zsum);
+  return corr;
+}
+
+}  // namespace
+
+void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g, int64_t j0,
+                     int64_t j1, AmxScratch* sc, float* part_m, float* part_l, float* part_acc) {
+  const int64_t G = a.H / a.Hkv, NQ = R * G;
+  const int64_t n_mb = (NQ + kM - 1) / kM;
+  const int M = static_cast<int>(std::min<int64_t>(kM, NQ));  // tile rows: decode has G < 16
+  const int64_t qterm = sc->nq_pad * kD;  // elements per query digit
+  int64_t jmax = j0;
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t lim = a.n_kv;
+    if (a.causal) lim = std::min(lim, a.start_pos + i0 + r + 1);
+    sc->lim[r] = std::min(lim, j1);
+    jmax = std::max(jmax, sc->lim[r]);
+  }
+  // Queries times the softmax scale in fixed point (units of max|q| / 2^22),
+  // as three int8 digits: Q = d0 + 256 d1 + 65536 d2; padding rows zero.
+  for (int64_t t = 0; t < n_mb * kM; ++t) {
+    int8_t* q0 = sc->qd + t * kD;
+    if (t >= NQ) {
+      for (int e = 0; e < 3; ++e) std::memset(q0 + e * qterm, 0, kD);
+      continue;
+    }
+    const float* q = attn_load_row(a, 0, b, i0 + t / G, g * G + t % G, sc->qrow, a.scale);
+    __m512 amax = _mm512_setzero_ps();
+    for (int c = 0; c < 4; ++c) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(q + 16 * c)));
+    const float mx = _mm512_reduce_max_ps(amax);
+    const float unit = mx > 0.f ? mx / 4194304.f : 0.f;
+    const __m512 inv = _mm512_set1_ps(mx > 0.f ? 4194304.f / mx : 0.f);
+    const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
+    __m512i sum = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i Q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), inv));
+      sum = _mm512_add_epi32(sum, Q);
+      const __m512i e0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q, c128), c255), c128);
+      const __m512i Q1 = _mm512_srai_epi32(_mm512_sub_epi32(Q, e0), 8);
+      const __m512i e1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q1, c128), c255), c128);
+      const __m512i e2 = _mm512_srai_epi32(_mm512_sub_epi32(Q1, e1), 8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q0 + 16 * c), _mm512_cvtepi32_epi8(e0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q0 + qterm + 16 * c), _mm512_cvtepi32_epi8(e1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q0 + 2 * qterm + 16 * c), _mm512_cvtepi32_epi8(e2));
+    }
+    sc->qs[t] = unit;
+    sc->qsum[t] = static_cast<float>(_mm512_reduce_add_epi32(sum));
+  }
+  std::fill(sc->acc, sc->acc + NQ * kD, 0.f);
+  std::fill(sc->m, sc->m + NQ, -INFINITY);
+  std::fill(sc->l, sc->l + NQ, 0.f);
+
+  load_tile_config(M);
+  for (int64_t jb = j0; jb < jmax; jb += kKB) {
+    const int64_t len = std::min<int64_t>(kKB, jmax - jb);
+    // This block was converted during the previous one (stores long retired
+    // when the tiles load them); the next is converted after this one's scores.
+    const KVBlock& kb = sc->blk[((jb - j0) / kKB) % 2];
+    if (jb == j0) convert_block(a, b, g, jb, len, kb);
+    bool next_done = jb + kKB >= jmax;
+    for (int64_t mb = 0; mb < n_mb; ++mb) {
+      const int64_t t0 = mb * kM, rows = std::min<int64_t>(kM, NQ - t0);
+      int64_t vis_max = 0;  // keys of the block some row of this A block sees
+      for (int64_t i = 0; i < rows; ++i)
+        vis_max = std::max(vis_max, std::clamp<int64_t>(sc->lim[(t0 + i) / G] - jb, 0, len));
+      if (vis_max == 0) continue;
+      const int64_t groups = (vis_max + 15) / 16, chunks = (vis_max + 31) / 32;
+      // S = Q K^T in integers. Tiles 0-2: a 16-key group's dot products with
+      // the three query digits (3-5); 6, 7: key tiles, alternating.
+      const int8_t* qb = sc->qd + t0 * kD;
+      _tile_loadd(3, qb, kD);
+      _tile_loadd(4, qb + qterm, kD);
+      _tile_loadd(5, qb + 2 * qterm, kD);
+      for (int64_t grp = 0; grp < groups; ++grp) {
+        int32_t* dst = sc->sd + grp * 16;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        if (grp % 2 == 0) {
+          _tile_loadd(6, kb.bk + grp * 256, 64);
+          _tile_dpbssd(0, 3, 6);
+          _tile_dpbssd(1, 4, 6);
+          _tile_dpbssd(2, 5, 6);
+        } else {
+          _tile_loadd(7, kb.bk + grp * 256, 64);
+          _tile_dpbssd(0, 3, 7);
+          _tile_dpbssd(1, 4, 7);
+          _tile_dpbssd(2, 5, 7);
+        }
+        _tile_stored(0, dst, kKB * 4);
+        _tile_stored(1, dst + 16 * kKB, kKB * 4);
+        _tile_stored(2, dst + 32 * kKB, kKB * 4);
+      }
+      if (!next_done) {
+        convert_block(a, b, g, jb + kKB, std::min<int64_t>(kKB, jmax - jb - kKB), sc->blk[((jb - j0) / kKB + 1) % 2]);
+        next_done = true;
+      }
+      for (int64_t i = 0; i < M; ++i) {
+        const int64_t t = t0 + i;
+        const int64_t r = t / G;
+        const int64_t vis = i < rows ? std::clamp<int64_t>(sc->lim[r] - jb, 0, len) : 0;
+        const float* mrow = a.mask && vis > 0 ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
+        sc->corr[i] = softmax_row(a, sc, kb, i, t, vis, chunks, mrow);
+      }
+      // O = P V. Tiles 0-3: the 64 dims; 4, 5: probabilities hi, lo of a
+      // 32-key chunk; 6, 7: value tiles.
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const uint16_t* vb = kb.bv + c * 4 * 512;
+        _tile_loadd(4, sc->phi + 32 * c, kKB * 2);
+        _tile_loadd(5, sc->plo + 32 * c, kKB * 2);
+        _tile_loadd(6, vb, 64);
+        _tile_loadd(7, vb + 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(0, 5, 6);
+        _tile_dpbf16ps(1, 5, 7);
+        _tile_loadd(6, vb + 2 * 512, 64);
+        _tile_loadd(7, vb + 3 * 512, 64);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_dpbf16ps(3, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, sc->ob, kD * 4);
+      _tile_stored(1, sc->ob + 16, kD * 4);
+      _tile_stored(2, sc->ob + 32, kD * 4);
+      _tile_stored(3, sc->ob + 48, kD * 4);
+      for (int64_t i = 0; i < rows; ++i) {
+        float* acc = sc->acc + (t0 + i) * kD;
+        const float* ob = sc->ob + i * kD;
+        const __m512 c = _mm512_set1_ps(sc->corr[i]), z = _mm512_set1_ps(sc->cz[i]);
+        for (int d = 0; d < kD; d += 16) {
+          const __m512 o = _mm512_sub_ps(_mm512_load_ps(ob + d), z);
+          _mm512_store_ps(acc + d, _mm512_fmadd_ps(_mm512_load_ps(acc + d), c, o));
+        }
+      }
+    }
+    if (!next_done)  // no row of this block saw a key of it
+      convert_block(a, b, g, jb + kKB, std::min<int64_t>(kKB, jmax - jb - kKB), sc->blk[((jb - j0) / kKB + 1) % 2]);
+  }
+  _tile_release();
+
+  for (int64_t t = 0; t < NQ; ++t) {
+    const float* acc = sc->acc + t * kD;
+    if (part_m) {
+      part_m[t] = sc->m[t];
+      part_l[t] = sc->l[t];
+      std::copy(acc, acc + kD, part_acc + t * kD);
+      continue;
+    }
+    const int64_t r = t / G, h = t % G;
+    float* dst = a.o + b * a.o_sb + (i0 + r) * a.o_ss + (g * G + h) * a.o_sh;
+    const __m512 s = _mm512_set1_ps(sc->l[t] > 0.f ? 1.f / sc->l[t] : 0.f);  // nothing visible: zeros
+    for (int d = 0; d < kD; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_load_ps(acc + d), s));
+  }
+}
+
+}  // namespace etserve
