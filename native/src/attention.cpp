@@ -253,13 +253,30 @@ int attention_kernel(int want) {
 
 namespace {
 
+// This thread's AMX work space for tiles of `rows` x `G` query vectors: kept
+// from call to call (one per pool thread; a decode step calls once per layer).
+AmxScratch* amx_scratch_for(int64_t rows, int64_t G) {
+  struct Cached {
+    AmxScratch* s = nullptr;
+    int64_t rows = 0, nq = 0;
+    ~Cached() { amx_scratch_free(s); }
+  };
+  thread_local Cached c;
+  if (c.s == nullptr || rows > c.rows || rows * G > c.nq) {
+    amx_scratch_free(c.s);
+    c.s = amx_scratch_new(rows, G);
+    c.rows = c.s ? rows : 0;
+    c.nq = c.s ? rows * G : 0;
+  }
+  return c.s;
+}
+
 // One thread's tile runner: the AMX tile when it applies, else the generic one.
 class TileRunner {
  public:
   TileRunner(const AttnArgs& a, int64_t R, bool amx)
-      : a_(a), amx_(amx ? amx_scratch_new(R, a.H / a.Hkv) : nullptr),
+      : a_(a), amx_(amx ? amx_scratch_for(R, a.H / a.Hkv) : nullptr),
         sc_(amx_ ? 0 : R * (a.H / a.Hkv), amx_ ? 0 : R, amx_ ? 0 : a.D) {}
-  ~TileRunner() { amx_scratch_free(amx_); }
   TileRunner(const TileRunner&) = delete;
   TileRunner& operator=(const TileRunner&) = delete;
 
