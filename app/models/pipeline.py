@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from .export import output_quantization
+from .lowering import faster_lowering, shared_provenance
 from .progress import Stages
 from .quant_cache import HqqCache
 
@@ -134,20 +135,21 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
             if cfg.backend.xnnpack.extended_ops:
                 partitioners.append(get_xnnpack_partitioner(dynamic_quant_only_partitioner=False,
                                                             enable_bf16=enable_bf16))
-            if reexport:
-                manager = manager.to_edge_transform_and_lower(partitioners)
-            else:
-                from executorch.exir import to_edge_transform_and_lower
+            with faster_lowering():  # the same program, preprocessed on both cores (app/models/lowering.py)
+                if reexport:
+                    manager = manager.to_edge_transform_and_lower(partitioners)
+                else:
+                    from executorch.exir import to_edge_transform_and_lower
 
-                manager.edge_manager = to_edge_transform_and_lower(
-                    program, partitioner=partitioners, compile_config=manager._get_edge_config(),
-                    constant_methods=manager.metadata)
+                    manager.edge_manager = to_edge_transform_and_lower(
+                        program, partitioner=partitioners, compile_config=manager._get_edge_config(),
+                        constant_methods=manager.metadata)
             if verbose:
                 from executorch.devtools.backend_debug import print_delegation_info
 
                 print_delegation_info(manager.edge_manager.exported_program().graph_module)
 
-        with stages.stage("to_executorch, writing model.pte"):
+        with stages.stage("to_executorch, writing model.pte"), shared_provenance():
             manager = manager.to_executorch(passes=[])
             manager.save_to_pte(str(output))
     # save_pte_program logs and swallows write errors: check the result ourselves.

@@ -1,0 +1,218 @@
+"""Two changes to how ExecuTorch's ``to_edge_transform_and_lower`` runs, not to what it computes
+(build time; needs torch + executorch).
+
+Profiled on the default Qwen build (py-spy, 442 s of lowering on one core): about 160 s convert the
+program to the edge dialect (``run_decompositions`` five times, then the edge passes), about 215 s
+are ``to_backend`` for the two XNNPACK partitioners (244 partitions), of which
+
+- ~145 s are ``XnnpackBackend.preprocess`` of one partition after another (a deep copy of the
+  partition's program, then XNNPACK's pass manager retracing it with fake tensors, then the
+  flatbuffer): each partition on its own, nothing shared between them but the read-only program;
+- ~62 s are ``create_submodule_from_nodes``, whose ``legalize_graph`` copies the whole top-level
+  graph once per partition and, by assigning it, regenerates and ``exec``s the top-level module's
+  Python code each time (35 s of the 62): code nothing runs until the partitioning is done.
+
+``faster_lowering()`` (a context manager around the lowering call):
+
+1. runs the preprocess of the partitions in forked worker processes (one per core, at most two on
+   the build machines we target), each doing exactly what the library does for a partition (its
+   ``copy_exported_program_for_preprocess``, then ``preprocess``), and hands the results back in
+   partition order: the same ``PreprocessResult`` objects, pickled;
+2. inside ``to_backend``'s partitioning, keeps ``legalize_graph``'s node copies but skips the
+   module recompilation its graph assignment triggers, and recompiles each affected module once
+   when the partitioning returns, before anything can call it.
+
+The program is unchanged: the written ``.pte`` is byte-identical to one lowered without this
+context (checked on the default build). Without ``fork`` or with one CPU, preprocess runs in
+process as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from typing import Any, Iterator
+
+_JOBS: list = []  # (backend class, program, compile specs) of the running preprocess, read by the workers
+
+
+def _workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, int(os.environ.get("ETSERVE_LOWER_WORKERS", "2"))))
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # no OpenMP pool in a forked child; two workers already fill two cores
+
+
+def _preprocess_job(i: int):
+    cls, program, specs, copy_fn = _JOBS[i]
+    return cls.preprocess(copy_fn(program, specs), specs)
+
+
+@contextlib.contextmanager
+def _parallel_preprocess() -> Iterator[None]:
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    workers = _workers()
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        yield
+        return
+    original_copy = XnnpackBackend.__dict__.get("copy_exported_program_for_preprocess")
+    original_multi = XnnpackBackend.__dict__.get("preprocess_multimethod")
+    copy_fn = XnnpackBackend.copy_exported_program_for_preprocess  # bound: the library's copy
+
+    def no_copy(cls, edge_program, compile_specs):
+        return edge_program  # the worker copies it, as the library would have here
+
+    def preprocess_multimethod(cls, edge_programs: dict, compile_specs: dict) -> dict:
+        global _JOBS
+        keys = []
+        jobs = []
+        for method, programs in edge_programs.items():
+            specs = compile_specs[method]
+            assert len(specs) == len(programs), f"{method}: {len(programs)} partitions, {len(specs)} compile specs"
+            for j, (program, spec) in enumerate(zip(programs, specs)):
+                keys.append((method, j))
+                jobs.append((cls, program, spec, copy_fn))
+        if len(jobs) < 2:
+            results = [_run_in_process(job) for job in jobs]
+        else:
+            _JOBS = jobs
+            try:
+                with multiprocessing.get_context("fork").Pool(min(workers, len(jobs)), initializer=_worker_init) as pool:
+                    results = pool.map(_preprocess_job, range(len(jobs)), chunksize=1)
+            finally:
+                _JOBS = []
+        out: dict[str, list[Any]] = {method: [None] * len(programs) for method, programs in edge_programs.items()}
+        for (method, j), result in zip(keys, results):
+            out[method][j] = result
+        return out
+
+    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(no_copy)
+    XnnpackBackend.preprocess_multimethod = classmethod(preprocess_multimethod)
+    try:
+        yield
+    finally:
+        for name, original in (("copy_exported_program_for_preprocess", original_copy),
+                               ("preprocess_multimethod", original_multi)):
+            if original is None:
+                delattr(XnnpackBackend, name)
+            else:
+                setattr(XnnpackBackend, name, original)
+
+
+def _run_in_process(job):
+    cls, program, spec, copy_fn = job
+    return cls.preprocess(copy_fn(program, spec), spec)
+
+
+@contextlib.contextmanager
+def _deferred_recompile() -> Iterator[None]:
+    from executorch.exir import lowered_backend_module as lbm
+    from executorch.exir.backend import backend_api
+
+    original_legalize = lbm.legalize_graph
+    original_create = backend_api._create_partitions
+    pending: dict[int, Any] = {}
+    depth = [0]
+
+    def legalize_graph(gm):
+        if not depth[0]:
+            return original_legalize(gm)
+        gm.recompile = lambda: None  # the graph setter's recompile, for this call only
+        try:
+            return original_legalize(gm)
+        finally:
+            del gm.recompile
+            pending[id(gm)] = gm
+
+    def create_partitions(*args, **kwargs):
+        depth[0] += 1
+        try:
+            return original_create(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:
+                try:
+                    for gm in pending.values():
+                        gm.recompile()
+                finally:
+                    pending.clear()
+
+    lbm.legalize_graph = legalize_graph
+    backend_api._create_partitions = create_partitions
+    try:
+        yield
+    finally:
+        lbm.legalize_graph = original_legalize
+        backend_api._create_partitions = original_create
+
+
+_DEEPCOPY_LINE = 'copy.deepcopy(node.meta["from_node"])'
+
+
+def _node_source_init(self, node, pass_name: str = "", action=None) -> None:
+    """``torch.fx.traceback.NodeSource.__init__`` (torch 2.13) with the node's provenance list
+    copied one level deep instead of ``copy.deepcopy``-ed: the NodeSource objects in it are shared."""
+    from torch.fx.traceback import NodeSourceAction
+
+    self.pass_name = pass_name
+    if action is None:
+        action = []
+    elif not isinstance(action, list):
+        action = [action]
+    for a in action:
+        if not isinstance(a, NodeSourceAction):
+            raise AssertionError(f"Expected NodeSourceAction, got {type(a)}")
+    self.action = action
+    if node:
+        self.node_info = self.NodeInfo(name=node.name, target=str(node.target), graph_id=id(node.graph))
+        self.from_node = list(node.meta["from_node"]) if "from_node" in node.meta else []
+    else:
+        self.node_info = None
+        self.from_node = []
+    self._action_string = None
+    self._dict = None
+
+
+@contextlib.contextmanager
+def shared_provenance() -> Iterator[None]:
+    """Every node a pass creates records its source node's whole provenance chain
+    (``meta["from_node"]``), deep-copied: the chains grow with every retrace, so the copies grow with
+    them (46 s of the lowering and writing stages of a Qwen build). Nothing mutates a recorded
+    NodeSource, so sharing them gives the same chains. Left as is if torch's constructor is not the
+    one this replaces."""
+    import inspect
+
+    from torch.fx import traceback as fx_traceback
+
+    cls = fx_traceback.NodeSource
+    original = cls.__init__
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        source = ""
+    if source.count(_DEEPCOPY_LINE) != 1 or "self._dict" not in source:
+        yield
+        return
+    cls.__init__ = _node_source_init
+    try:
+        yield
+    finally:
+        cls.__init__ = original
+
+
+@contextlib.contextmanager
+def faster_lowering() -> Iterator[None]:
+    """While active, ``to_edge_transform_and_lower`` preprocesses XNNPACK partitions in parallel,
+    recompiles the partitioned module once, and shares provenance records (see the module
+    docstring)."""
+    with _parallel_preprocess(), _deferred_recompile(), shared_provenance():
+        yield
