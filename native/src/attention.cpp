@@ -189,7 +189,7 @@ const float* attn_load_row(const AttnArgs& a, int which, int64_t b, int64_t s, i
 
 namespace {
 
-// CPUID leaf 7 and XCR0: AMX-TILE, AMX-BF16, AMX-INT8, AVX512 F/BW/VL/DQ and BF16, with
+// CPUID leaf 7 and XCR0: AMX-TILE, AMX-BF16, AMX-INT8, AVX512-VBMI, AVX512 F/BW/VL/DQ and BF16, with
 // the OS saving opmask, ZMM and tile state; then the tile data permission
 // Linux asks a process to request (arch_prctl ARCH_REQ_XCOMP_PERM).
 bool detect_amx() {
@@ -204,12 +204,12 @@ bool detect_amx() {
   if (!(r[2] & (1u << 27))) return false;  // OSXSAVE
   cpuid(7, 0, r);
   const bool f = r[1] & (1u << 16), dq = r[1] & (1u << 17), bw = r[1] & (1u << 30),
-             vl = r[1] & (1u << 31);
+             vl = r[1] & (1u << 31), vbmi = r[2] & (1u << 1);
   const bool amx_bf16 = r[3] & (1u << 22), amx_tile = r[3] & (1u << 24),
              amx_int8 = r[3] & (1u << 25);
   cpuid(7, 1, r);
   const bool avx512_bf16 = r[0] & (1u << 5);
-  if (!(f && dq && bw && vl && amx_bf16 && amx_int8 && amx_tile && avx512_bf16)) return false;
+  if (!(f && dq && bw && vl && vbmi && amx_bf16 && amx_int8 && amx_tile && avx512_bf16)) return false;
   unsigned lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   const uint64_t xcr0 = (uint64_t(hi) << 32) | lo;
