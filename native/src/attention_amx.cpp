@@ -90,14 +90,11 @@ inline void split_bf16(__m512 x0, __m512 x1, __m512i* hi, __m512i* lo) {
   *lo = to_bf16(d0, d1);
 }
 
-// 64 int8 minus their zero point, as bf16 (exact: |x - zp| <= 255): dims 0-31, 32-63.
-inline void int8_row_bf16(const int8_t* x, int32_t zp, __m512i* d0, __m512i* d1) {
-  const __m512i z = _mm512_set1_epi32(zp);
+// 64 int8 as bf16 (exact): dims 0-31, 32-63.
+inline void int8_row_bf16(const int8_t* x, __m512i* d0, __m512i* d1) {
   __m512 f[4];
-  for (int c = 0; c < 4; ++c) {
-    const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16 * c)));
-    f[c] = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, z));
-  }
+  for (int c = 0; c < 4; ++c)
+    f[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16 * c))));
   *d0 = to_bf16(f[0], f[1]);
   *d1 = to_bf16(f[2], f[3]);
 }
@@ -197,6 +194,7 @@ struct AmxScratch {
   uint16_t* phi;    // [16][kKB] probabilities times value scales, hi
   uint16_t* plo;    // [16][kKB] and lo
   float* ob;        // [16][64] the block's weighted sums
+  float* cz;        // [16] per row of the A block: sum of P' * zero point, for the raw values
   float* corr;      // [16]
   float* qrow;      // [64]
   int64_t* lim;     // [rows]
@@ -214,7 +212,7 @@ AmxScratch* amx_scratch_new(int64_t rows, int64_t G) {
                           size_t(kG16) * 256 * 4, size_t(kC32) * 4 * 512 * 2,
                           3 * 16 * kKB * 4, 16 * kKB * 4, 16 * kKB * 2, 16 * kKB * 2, 16 * kD * 4,
                           kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4,
-                          16 * 4, kD * 4,
+                          16 * 4, 16 * 4, kD * 4,
                           size_t(rows) * 8};
   void** slots[] = {reinterpret_cast<void**>(&s->qd),   reinterpret_cast<void**>(&s->qs),
                     reinterpret_cast<void**>(&s->qsum), reinterpret_cast<void**>(&s->acc),
@@ -228,6 +226,7 @@ AmxScratch* amx_scratch_new(int64_t rows, int64_t G) {
                     reinterpret_cast<void**>(&s->blk[0].sv), reinterpret_cast<void**>(&s->blk[0].zv),
                     reinterpret_cast<void**>(&s->blk[1].sk), reinterpret_cast<void**>(&s->blk[1].zk),
                     reinterpret_cast<void**>(&s->blk[1].sv), reinterpret_cast<void**>(&s->blk[1].zv),
+                    reinterpret_cast<void**>(&s->cz),
                     reinterpret_cast<void**>(&s->corr), reinterpret_cast<void**>(&s->qrow),
                     reinterpret_cast<void**>(&s->lim)};
   static_assert(sizeof(sizes) / sizeof(sizes[0]) == sizeof(slots) / sizeof(slots[0]), "");
@@ -286,8 +285,7 @@ void convert_block(const AttnArgs& a, int64_t b, int64_t g, int64_t jb, int64_t 
   }
   // B operand of O = P V: tile (32-key chunk, dim group dg), row r = keys
   // (2r, 2r+1) of the chunk, column n = dim 16 dg + n, the two keys' values
-  // adjacent, minus their zero points (exact: subtracting it after the sums
-  // instead would cancel against bf16-rounded probabilities).
+  // adjacent. Raw values: the zero points are subtracted after (sc->cz).
   alignas(64) static const uint16_t kIdx[2][32] = {
       {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
@@ -304,7 +302,7 @@ void convert_block(const AttnArgs& a, int64_t b, int64_t g, int64_t jb, int64_t 
         const int64_t j = c * 32 + 2 * r + e;
         __m512i* d = e == 0 ? a0 : a1;
         if (j < len) {
-          int8_row_bf16(V.row(j), static_cast<int32_t>(zv[j]), &d[0], &d[1]);
+          int8_row_bf16(V.row(j), &d[0], &d[1]);
         } else {
           d[0] = d[1] = _mm512_setzero_si512();
         }
@@ -337,6 +335,7 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
       _mm512_store_si512(pl + 32 * c, _mm512_setzero_si512());
     }
   };
+  sc->cz[i] = 0.f;
   if (vis == 0) {
     zero_from(0);
     return 1.f;
@@ -366,7 +365,7 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
   }
   const float corr = mo > -INFINITY ? std::exp(mo - mn) : 0.f;
   const __m512 vmn = _mm512_set1_ps(mn);
-  __m512 sum = _mm512_setzero_ps();
+  __m512 sum = _mm512_setzero_ps(), zsum = _mm512_setzero_ps();
   const int64_t nc = (nv + 1) / 2;
   for (int64_t c = 0; c < nc; ++c) {
     __m512 pv[2];
@@ -381,6 +380,7 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
       const __m512 p = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), vmn)));
       sum = _mm512_add_ps(sum, p);
       pv[e] = _mm512_mul_ps(p, _mm512_load_ps(kb.sv + 16 * v));
+      zsum = _mm512_fmadd_ps(pv[e], _mm512_load_ps(kb.zv + 16 * v), zsum);
     }
     __m512i h, l;
     split_bf16(pv[0], pv[1], &h, &l);
@@ -390,6 +390,7 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
   zero_from(nc);
   sc->l[t] = sc->l[t] * corr + _mm512_reduce_add_ps(sum);
   sc->m[t] = mn;
+  sc->cz[i] = _mm512_reduce_add_ps(zsum);
   return corr;
 }
 
@@ -524,9 +525,10 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
       for (int64_t i = 0; i < rows; ++i) {
         float* acc = sc->acc + (t0 + i) * kD;
         const float* ob = sc->ob + i * kD;
-        const __m512 c = _mm512_set1_ps(sc->corr[i]);
+        const __m512 c = _mm512_set1_ps(sc->corr[i]), z = _mm512_set1_ps(sc->cz[i]);
         for (int d = 0; d < kD; d += 16) {
-          _mm512_store_ps(acc + d, _mm512_fmadd_ps(_mm512_load_ps(acc + d), c, _mm512_load_ps(ob + d)));
+          const __m512 o = _mm512_sub_ps(_mm512_load_ps(ob + d), z);
+          _mm512_store_ps(acc + d, _mm512_fmadd_ps(_mm512_load_ps(acc + d), c, o));
         }
       }
     }
