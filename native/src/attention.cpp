@@ -181,10 +181,9 @@ int64_t thread_count() {
 
 }  // namespace
 
-const float* attn_load_row(const AttnArgs& a, int which, int64_t b, int64_t s, int64_t h,
-                           float* buf, float mul) {
-  const AttnOperand& x = which == 0 ? a.q : which == 1 ? a.k : a.v;
-  return load_row(x, b, s, h, a.D, buf, mul);
+const float* attn_query_row(const AttnArgs& a, int64_t b, int64_t s, int64_t h, float* buf,
+                            float mul) {
+  return load_row(a.q, b, s, h, a.D, buf, mul);
 }
 
 namespace {

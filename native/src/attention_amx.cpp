@@ -417,7 +417,7 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
       for (int e = 0; e < 3; ++e) std::memset(q0 + e * qterm, 0, kD);
       continue;
     }
-    const float* q = attn_load_row(a, 0, b, i0 + t / G, g * G + t % G, sc->qrow, a.scale);
+    const float* q = attn_query_row(a, b, i0 + t / G, g * G + t % G, sc->qrow, a.scale);
     __m512 amax = _mm512_setzero_ps();
     for (int c = 0; c < 4; ++c) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(q + 16 * c)));
     const float mx = _mm512_reduce_max_ps(amax);

@@ -38,8 +38,8 @@ void amx_scratch_free(AmxScratch* s);
 void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g, int64_t j0,
                      int64_t j1, AmxScratch* sc, float* part_m, float* part_l, float* part_acc);
 
-// A row of an operand as floats times `mul` (attention.cpp).
-const float* attn_load_row(const AttnArgs& a, int which, int64_t b, int64_t s, int64_t h,
-                           float* buf, float mul);
+// Query row (b, s, h) as floats times `mul` (attention.cpp).
+const float* attn_query_row(const AttnArgs& a, int64_t b, int64_t s, int64_t h, float* buf,
+                            float mul);
 
 }  // namespace etserve
