@@ -2,6 +2,7 @@
 #include "attention.h"
 
 #include "attention_amx.h"
+#include "kv_layout.h"
 #include "simd.h"
 
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
@@ -38,6 +39,12 @@ inline const float* load_row(const AttnOperand& x, int64_t b, int64_t s, int64_t
   }
   const float sc = x.scale[b * x.sc_sb + s * x.sc_ss + h * x.sc_sh];
   const int32_t zp = x.zero_point[b * x.zp_sb + s * x.zp_ss + h * x.zp_sh];
+  if (x.tiled != 0) {  // a cache in the AMX tile's layout (kv_layout.h): gather the row
+    alignas(64) int8_t row[64];
+    tiled_read(static_cast<KvLayout>(x.tiled), x.i8, x.hkv, s, h, row);
+    dequant_row(row, D, sc * mul, zp, buf);
+    return buf;
+  }
   dequant_row(x.i8 + b * x.sb + s * x.ss + h * x.sh, D, sc * mul, zp, buf);
   return buf;
 }
@@ -180,11 +187,6 @@ int64_t thread_count() {
 }
 
 }  // namespace
-
-const float* attn_query_row(const AttnArgs& a, int64_t b, int64_t s, int64_t h, float* buf,
-                            float mul) {
-  return load_row(a.q, b, s, h, a.D, buf, mul);
-}
 
 namespace {
 
@@ -340,7 +342,9 @@ void run_attention(const AttnArgs& a) {
     });
     return;
   }
-  const int64_t chunk = (a.n_kv + splits - 1) / splits;
+  int64_t chunk = (a.n_kv + splits - 1) / splits;
+  // A tiled cache is read in whole tiles: key ranges start at multiples of its blocks.
+  if (amx && a.k.tiled != 0) chunk = (chunk + 127) / 128 * 128;
   const int64_t NQ = R * G;
   const int64_t per = NQ * (a.D + 2);  // per (unit, split): NQ maxima, NQ sums, NQ * D sums
   std::vector<float> part(static_cast<size_t>(units * splits * per));

@@ -3,18 +3,23 @@
 // Compiled with AMX and AVX-512 enabled (native/Makefile); nothing here runs
 // unless amx_attention_supported() (attention.cpp) said the CPU has them.
 //
-// Per block of 128 keys, converted once for every query vector of the tile
-// (during the previous block, so its stores have retired when tiles load it):
-//   K: the raw rows, transposed dword-wise into the B-operand layout (quads of
-//      dims x 16 keys), one tile per 16 keys;
-//   V: raw values in bf16, rows 2r and 2r+1 interleaved (key pairs x 16 dims).
-// Per A block of up to 16 query vectors (tile rows; decode has G = 7):
-//   S  = Q K^T in int32, one product per query digit and 16 keys;
-//   softmax on S rows: zero points, scales, causal limit, mask, running max
-//   and sum; P' = P * value scale, split into bf16 Phi + Plo;
-//   O  = (Phi + Plo) V, two tile products per 32 keys and 16 dims, merged
-//   into the fp32 accumulators with the running-max correction, minus
-//   sum(P' * value zero point).
+// Scores: the raw int8 queries (15 per A block, then a row of ones whose
+// products are the key sums) against the raw int8 keys, int32 sums:
+//   q.k = sq sk (Q.K - zk sum(Q) - zq sum(K) + 64 zq zk), exact in integers.
+// The keys come as B tiles: quads of dims x 16 keys, either straight out of a
+// cache kept in that layout (kv_layout.h: a model's caches while this kernel
+// runs) or transposed from rows into a block buffer (caches in rows).
+//
+// Weighted sums, per block of 128 keys:
+// - one A block (decode) over tiled caches: P' = P * value scale in 22-bit
+//   fixed point relative to the row's largest, as three int8 digits, against
+//   the raw int8 value tiles (int32 sums per digit), combined in int64 with
+//   the zero-point term: nothing of the cache is converted at all;
+// - otherwise (prefill, or caches in rows): the values converted once per
+//   block to bf16 key pairs for every A block of the tile, P' split into bf16
+//   hi + lo, fp32 sums (AMX-BF16), the zero points subtracted after.
+// A block is converted (or prefetched, tiled) during the previous one, so
+// the stores have retired (the lines arrived) when the tiles load them.
 #include "attention_amx.h"
 
 #include "attention.h"
@@ -36,7 +41,8 @@ constexpr int kD = 64;   // head dim handled
 constexpr int kKB = 128;          // keys per block
 constexpr int kG16 = kKB / 16;    // 16-key groups of a block (score tiles)
 constexpr int kC32 = kKB / 32;    // 32-key chunks of a block (probability tiles)
-constexpr int kM = 16;            // query vectors per A block (tile rows)
+constexpr int kM = 16;            // tile rows of an A block:
+constexpr int kMq = 15;           // up to 15 query vectors, then a row of ones (the key sums)
 
 struct alignas(64) TileConfig {
   uint8_t palette_id;
@@ -182,21 +188,26 @@ struct KVBlock {
 struct AmxScratch {
   int64_t nq_pad = 0;
   // All 64-byte aligned, in one allocation.
-  int8_t* qd;       // [3 digits][nq_pad][64]: queries in fixed point, base-256 digits
-  float* qs;        // [nq_pad] the fixed point's unit
-  float* qsum;      // [nq_pad] the sum of the fixed-point query
+  int8_t* qd;       // [A blocks][16][64]: the raw int8 queries of each A block, then a row of ones
+  float* qs;        // [nq_pad] query scale times the softmax scale
+  int32_t* qsum;    // [nq_pad] the sum of the raw query
+  int32_t* qz;      // [nq_pad] the query's zero point
   float* acc;       // [nq_pad][64]
   float* m;         // [nq_pad]
   float* l;         // [nq_pad]
   KVBlock blk[2];   // the block being attended and the next, being converted
-  int32_t* sd;      // [3 digits][16][kKB] integer dot products of the digits
+  int32_t* sd;      // [16][kKB] integer dot products Q K^T (A block rows)
   float* s;         // [16][kKB] scores, then
   uint16_t* phi;    // [16][kKB] probabilities times value scales, hi
   uint16_t* plo;    // [16][kKB] and lo
   float* ob;        // [16][64] the block's weighted sums
+  // tiled caches (kv_layout.h): P' in 22-bit fixed point per row, as three int8 digits
+  int8_t* pd;       // [3 digits][16][kKB]
+  int32_t* od;      // [3 digits][16][64] their integer weighted sums
+  float* pu;        // [16] the fixed point's unit per row
+  int64_t* czi;     // [16] sum of P' (fixed point) * value zero point, exact
   float* cz;        // [16] per row of the A block: sum of P' * zero point, for the raw values
   float* corr;      // [16]
-  float* qrow;      // [64]
   int64_t* lim;     // [rows]
   void* mem = nullptr;
 };
@@ -205,15 +216,16 @@ AmxScratch* amx_scratch_new(int64_t rows, int64_t G) {
   auto* s = new (std::nothrow) AmxScratch;
   if (s == nullptr) return nullptr;
   const int64_t nq = rows * G;
-  s->nq_pad = (nq + kM - 1) / kM * kM;
+  s->nq_pad = (nq + kMq - 1) / kMq * kM;
   const size_t np = size_t(s->nq_pad);
-  const size_t sizes[] = {3 * np * kD, np * 4, np * 4, np * kD * 4, np * 4, np * 4,
+  const size_t sizes[] = {np * kD, np * 4, np * 4, np * kD * 4, np * 4, np * 4,
                           size_t(kG16) * 256 * 4, size_t(kC32) * 4 * 512 * 2,
                           size_t(kG16) * 256 * 4, size_t(kC32) * 4 * 512 * 2,
                           3 * 16 * kKB * 4, 16 * kKB * 4, 16 * kKB * 2, 16 * kKB * 2, 16 * kD * 4,
                           kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4,
-                          16 * 4, 16 * 4, kD * 4,
-                          size_t(rows) * 8};
+                          16 * 4, 16 * 4,
+                          size_t(rows) * 8,
+                          3 * 16 * kKB, 3 * 16 * kD * 4, 16 * 4, 16 * 8, np * 4};
   void** slots[] = {reinterpret_cast<void**>(&s->qd),   reinterpret_cast<void**>(&s->qs),
                     reinterpret_cast<void**>(&s->qsum), reinterpret_cast<void**>(&s->acc),
                     reinterpret_cast<void**>(&s->m),    reinterpret_cast<void**>(&s->l),
@@ -227,8 +239,11 @@ AmxScratch* amx_scratch_new(int64_t rows, int64_t G) {
                     reinterpret_cast<void**>(&s->blk[1].sk), reinterpret_cast<void**>(&s->blk[1].zk),
                     reinterpret_cast<void**>(&s->blk[1].sv), reinterpret_cast<void**>(&s->blk[1].zv),
                     reinterpret_cast<void**>(&s->cz),
-                    reinterpret_cast<void**>(&s->corr), reinterpret_cast<void**>(&s->qrow),
-                    reinterpret_cast<void**>(&s->lim)};
+                    reinterpret_cast<void**>(&s->corr), 
+                    reinterpret_cast<void**>(&s->lim),
+                    reinterpret_cast<void**>(&s->pd),   reinterpret_cast<void**>(&s->od),
+                    reinterpret_cast<void**>(&s->pu),   reinterpret_cast<void**>(&s->czi),
+                    reinterpret_cast<void**>(&s->qz)};
   static_assert(sizeof(sizes) / sizeof(sizes[0]) == sizeof(slots) / sizeof(slots[0]), "");
   size_t total = 0;
   for (size_t z : sizes) total += (z + 63) / 64 * 64;
@@ -253,16 +268,27 @@ void amx_scratch_free(AmxScratch* s) {
 }
 
 bool amx_attention_applies(const AttnArgs& a) {
-  return a.D == kD && a.k.i8 != nullptr && a.v.i8 != nullptr;
+  return a.D == kD && a.q.i8 != nullptr && a.k.i8 != nullptr && a.v.i8 != nullptr;
 }
 
 namespace {
+
+// Tile operands straight out of tiled caches (kv_layout.h), batch 0: the
+// 16 keys from position p (a multiple of 16), 16 rows of 64 bytes, stride 64;
+// the values of the 64 keys from p (a multiple of 64), dims 16 dg.., 16 rows
+// of 64 bytes, stride 256.
+inline const int8_t* key_tile(const AttnArgs& a, int64_t g, int64_t p) {
+  return a.k.i8 + ((p >> 6) * a.k.hkv + g) * 4096 + ((p >> 4) & 3) * 1024;
+}
+inline const int8_t* value_tile(const AttnArgs& a, int64_t g, int64_t p, int dg) {
+  return a.v.i8 + ((p >> 6) * a.v.hkv + g) * 4096 + dg * 64;
+}
 
 // Converts keys [jb, jb + len) of (b, g) and their values into `kb`, the
 // groups and chunks that hold them; positions past len
 // in those are zero.
 void convert_block(const AttnArgs& a, int64_t b, int64_t g, int64_t jb, int64_t len,
-                   const KVBlock& kb) {
+                   const KVBlock& kb, bool bf16_values) {
   const RowsI8 K(a.k, b, g, jb), V(a.v, b, g, jb);
   float* const sk = kb.sk;
   float* const zk = kb.zk;
@@ -270,6 +296,33 @@ void convert_block(const AttnArgs& a, int64_t b, int64_t g, int64_t jb, int64_t 
   float* const zv = kb.zv;
   uint32_t* const bk = kb.bk;
   uint16_t* const bv = kb.bv;
+  if (a.k.tiled != 0) {  // the caches are the tiles already: their parameters only,
+    for (int64_t j = 0; j < len; j += 16) {
+      K.params16(j, len - j, sk + j, zk + j);
+      V.params16(j, len - j, sv + j, zv + j);
+    }
+    if (!bf16_values) return;
+    // and for many query vectors (prefill) the values as bf16 key pairs (as
+    // below): a quad of keys holds two pairs, the low and high halves of its
+    // dwords. Keys past len are whatever the cache holds: their
+    // probabilities are zero.
+    for (int64_t c = 0; c * 32 < len; ++c) {
+      for (int64_t q = 0; q < 8; ++q) {  // the chunk's key quads
+        const int8_t* src = value_tile(a, g, jb + 32 * c + 4 * q, 0) + ((32 * (c % 2) + 4 * q) % 64 / 4) * 256;
+        for (int dg = 0; dg < 4; ++dg) {
+          const __m512i x = _mm512_loadu_si512(src + 64 * dg);
+          uint16_t* dst = bv + c * 4 * 512 + dg * 512 + 2 * q * 32;
+          for (int half = 0; half < 2; ++half) {
+            const __m256i pairs = _mm512_cvtepi32_epi16(half == 0 ? x : _mm512_srli_epi32(x, 16));
+            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(pairs)));
+            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(pairs, 1)));
+            _mm512_store_si512(dst + half * 32, to_bf16(f0, f1));
+          }
+        }
+      }
+    }
+    return;
+  }
   // B operand of S = Q K^T (int8): tile per 16-key group, row r = dims
   // 4r..4r+3, column n = key n of the group: the raw rows, transposed dword-wise.
   for (int64_t grp = 0; grp * 16 < len; ++grp) {
@@ -316,17 +369,28 @@ void convert_block(const AttnArgs& a, int64_t b, int64_t g, int64_t jb, int64_t 
   }
 }
 
+// Scores of keys 16v.. of the block for query vector t, A block row i:
+// q.k = (Q - zq)(K - zk) sq sk over the raw int8 Q K^T (sc->sd row i) and the
+// key sums (row `ones`), exact in int32, times the scales and the softmax scale.
+inline __m512 scores16(const AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t ones, int64_t t,
+                       int64_t v) {
+  const __m512i zk = _mm512_cvtps_epi32(_mm512_load_ps(kb.zk + 16 * v));
+  const __m512i qsum = _mm512_set1_epi32(sc->qsum[t]), qz = _mm512_set1_epi32(sc->qz[t]);
+  __m512i x = _mm512_load_si512(sc->sd + i * kKB + 16 * v);
+  x = _mm512_sub_epi32(x, _mm512_mullo_epi32(zk, qsum));
+  x = _mm512_sub_epi32(x, _mm512_mullo_epi32(qz, _mm512_load_si512(sc->sd + ones * kKB + 16 * v)));
+  x = _mm512_add_epi32(x, _mm512_mullo_epi32(zk, _mm512_slli_epi32(qz, 6)));  // + D zq zk
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(x),
+                       _mm512_mul_ps(_mm512_load_ps(kb.sk + 16 * v), _mm512_set1_ps(sc->qs[t])));
+}
+
 // Row i of the A block: scores (sc->s) -> probabilities times value scales as
 // bf16 hi + lo over `chunks` 32-key chunks (zero past `vis` keys); updates the
 // running max and sum of query vector t; returns the correction of its
 // previous accumulators.
-float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t t,
-                  int64_t vis, int64_t chunks, const float* mrow) {
+float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t ones,
+                  int64_t t, int64_t vis, int64_t chunks, const float* mrow) {
   float* srow = sc->s + i * kKB;
-  const int32_t* d0 = sc->sd + i * kKB;
-  const int32_t* d1 = d0 + 16 * kKB;
-  const int32_t* d2 = d1 + 16 * kKB;
-  const __m512 qsum = _mm512_set1_ps(sc->qsum[t]), qs = _mm512_set1_ps(sc->qs[t]);
   uint16_t* ph = sc->phi + i * kKB;
   uint16_t* pl = sc->plo + i * kKB;
   auto zero_from = [&](int64_t c0) {
@@ -346,12 +410,7 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
   for (int64_t v = 0; v < nv; ++v) {
     const int64_t rest = vis - 16 * v;
     const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
-    // q.k = d0 + 256 d1 + 65536 d2 in the fixed point; minus zp * sum(q); times both units.
-    __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(d1 + 16 * v)), _mm512_set1_ps(256.f),
-                               _mm512_cvtepi32_ps(_mm512_load_si512(d0 + 16 * v)));
-    x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(d2 + 16 * v)), _mm512_set1_ps(65536.f), x);
-    x = _mm512_fnmadd_ps(_mm512_load_ps(kb.zk + 16 * v), qsum, x);
-    x = _mm512_mul_ps(x, _mm512_mul_ps(_mm512_load_ps(kb.sk + 16 * v), qs));
+    __m512 x = scores16(sc, kb, i, ones, t, v);
     if (mrow) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, mrow + 16 * v));
     x = _mm512_mask_mov_ps(ninf, k, x);
     _mm512_store_ps(srow + 16 * v, x);
@@ -394,14 +453,186 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
   return corr;
 }
 
+// softmax_row for tiled caches: the same scores, running max and sum; then
+// P' = P * value scale in 22-bit fixed point relative to the row's largest
+// (unit sc->pu[i]), as three int8 digits in sc->pd over `chunks` 64-key
+// chunks (zero past `vis`), and sc->czi[i] = sum(P' * value zero point), exact.
+float softmax_row_i8(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t ones,
+                     int64_t t, int64_t vis, int64_t chunks, const float* mrow) {
+  float* srow = sc->s + i * kKB;
+  int8_t* p0 = sc->pd + i * kKB;
+  int8_t* p1 = p0 + 16 * kKB;
+  int8_t* p2 = p1 + 16 * kKB;
+  auto zero_from = [&](int64_t v0) {  // digits of 16-key vectors v0.. of the chunks
+    for (int64_t v = v0; v < 4 * chunks; ++v) {
+      _mm_store_si128(reinterpret_cast<__m128i*>(p0 + 16 * v), _mm_setzero_si128());
+      _mm_store_si128(reinterpret_cast<__m128i*>(p1 + 16 * v), _mm_setzero_si128());
+      _mm_store_si128(reinterpret_cast<__m128i*>(p2 + 16 * v), _mm_setzero_si128());
+    }
+  };
+  sc->czi[i] = 0;
+  sc->pu[i] = 0.f;
+  if (vis == 0) {
+    zero_from(0);
+    return 1.f;
+  }
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  const int64_t nv = (vis + 15) / 16;
+  __m512 mx = ninf;
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t rest = vis - 16 * v;
+    const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
+    __m512 x = scores16(sc, kb, i, ones, t, v);
+    if (mrow) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, mrow + 16 * v));
+    x = _mm512_mask_mov_ps(ninf, k, x);
+    _mm512_store_ps(srow + 16 * v, x);
+    mx = _mm512_max_ps(mx, x);
+  }
+  const float mo = sc->m[t];
+  const float mn = std::max(mo, _mm512_reduce_max_ps(mx));
+  if (!(mn > -INFINITY)) {  // everything so far masked out
+    zero_from(0);
+    return 1.f;
+  }
+  const float corr = mo > -INFINITY ? std::exp(mo - mn) : 0.f;
+  const __m512 vmn = _mm512_set1_ps(mn);
+  __m512 sum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t rest = vis - 16 * v;
+    const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
+    const __m512 p = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), vmn)));
+    sum = _mm512_add_ps(sum, p);
+    const __m512 pv = _mm512_mul_ps(p, _mm512_load_ps(kb.sv + 16 * v));
+    _mm512_store_ps(srow + 16 * v, pv);
+    pmax = _mm512_max_ps(pmax, pv);
+  }
+  const float top = _mm512_reduce_max_ps(pmax);
+  const __m512 inv = _mm512_set1_ps(top > 0.f ? 4194304.f / top : 0.f);
+  const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
+  __m512i cz = _mm512_setzero_si512();  // 8 int64 lanes
+  for (int64_t v = 0; v < nv; ++v) {
+    const __m512i Q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(srow + 16 * v), inv));
+    const __m512i qz = _mm512_mullo_epi32(Q, _mm512_cvtps_epi32(_mm512_load_ps(kb.zv + 16 * v)));
+    cz = _mm512_add_epi64(cz, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(qz)));
+    cz = _mm512_add_epi64(cz, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(qz, 1)));
+    const __m512i e0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q, c128), c255), c128);
+    const __m512i Q1 = _mm512_srai_epi32(_mm512_sub_epi32(Q, e0), 8);
+    const __m512i e1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q1, c128), c255), c128);
+    const __m512i e2 = _mm512_srai_epi32(_mm512_sub_epi32(Q1, e1), 8);
+    _mm_store_si128(reinterpret_cast<__m128i*>(p0 + 16 * v), _mm512_cvtepi32_epi8(e0));
+    _mm_store_si128(reinterpret_cast<__m128i*>(p1 + 16 * v), _mm512_cvtepi32_epi8(e1));
+    _mm_store_si128(reinterpret_cast<__m128i*>(p2 + 16 * v), _mm512_cvtepi32_epi8(e2));
+  }
+  zero_from(nv);
+  sc->l[t] = sc->l[t] * corr + _mm512_reduce_add_ps(sum);
+  sc->m[t] = mn;
+  sc->pu[i] = top / 4194304.f;
+  sc->czi[i] = _mm512_reduce_add_epi64(cz);
+  return corr;
+}
+
+// The cache lines of one block of tiled caches (kv head g, keys from p, a
+// multiple of 64), prefetched `n` at a time by next().
+struct Prefetch {
+  const char* k[2] = {nullptr, nullptr};
+  const char* v[2] = {nullptr, nullptr};
+  int blocks = 0, line = 0;  // 64 lines per 4 KB of keys and of values, per 64 keys
+  void start(const AttnArgs& a, int64_t g, int64_t p, int64_t jmax) {
+    blocks = 0;
+    line = 0;
+    for (int e = 0; e < 2 && p + 64 * e < jmax; ++e) {
+      k[e] = reinterpret_cast<const char*>(key_tile(a, g, p + 64 * e));
+      v[e] = reinterpret_cast<const char*>(value_tile(a, g, p + 64 * e, 0));
+      blocks = e + 1;
+    }
+  }
+  void next(int n) {
+    for (; n > 0 && line < 64 * blocks; --n, ++line) {
+      const int e = line / 64, o = (line % 64) * 64;
+      _mm_prefetch(k[e] + o, _MM_HINT_T0);
+      _mm_prefetch(v[e] + o, _MM_HINT_T0);
+    }
+  }
+};
+
+// The softmax and O += P V of one A block (rows t0.., M tile rows, `rows`
+// real) over block jb of tiled caches: P' as three int8 digits against the
+// raw int8 value tiles (AMX-INT8, exact int32 sums per digit), combined in
+// int64 with the zero-point term, then scaled into the fp32 accumulators.
+void attend_values_tiled(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t g,
+                         int64_t i0, int64_t jb, int64_t len, int64_t t0, int64_t rows, int M,
+                         int64_t G, int64_t chunks, Prefetch& pf) {
+  for (int64_t i = 0; i < M; ++i) {
+    const int64_t t = t0 + i;
+    const int64_t r = t / G;
+    const int64_t vis = i < rows ? std::clamp<int64_t>(sc->lim[r] - jb, 0, len) : 0;
+    const float* mrow = a.mask && vis > 0 ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
+    sc->corr[i] = softmax_row_i8(a, sc, kb, i, rows, t, vis, chunks, mrow);
+    pf.next(8);
+  }
+  // Tiles 0-2: the three digits' sums for 16 dims; 3-5: the digits of a
+  // 64-key chunk; 6, 7: value tiles, alternating.
+  for (int dg = 0; dg < 4; ++dg) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int64_t c = 0; c < chunks; ++c) {
+      _tile_loadd(3, sc->pd + 64 * c, kKB);
+      _tile_loadd(4, sc->pd + 16 * kKB + 64 * c, kKB);
+      _tile_loadd(5, sc->pd + 32 * kKB + 64 * c, kKB);
+      if (c % 2 == 0) {
+        _tile_loadd(6, value_tile(a, g, jb + 64 * c, dg), 256);
+        _tile_dpbssd(0, 3, 6);
+        _tile_dpbssd(1, 4, 6);
+        _tile_dpbssd(2, 5, 6);
+      } else {
+        _tile_loadd(7, value_tile(a, g, jb + 64 * c, dg), 256);
+        _tile_dpbssd(0, 3, 7);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 7);
+      }
+    }
+    _tile_stored(0, sc->od + 16 * dg, kD * 4);
+    _tile_stored(1, sc->od + 16 * kD + 16 * dg, kD * 4);
+    _tile_stored(2, sc->od + 32 * kD + 16 * dg, kD * 4);
+    pf.next(8);
+  }
+  pf.next(128);  // the rest
+  for (int64_t i = 0; i < rows; ++i) {
+    float* acc = sc->acc + (t0 + i) * kD;
+    const int32_t* o0 = sc->od + i * kD;
+    const int32_t* o1 = o0 + 16 * kD;
+    const int32_t* o2 = o1 + 16 * kD;
+    const __m512d u = _mm512_set1_pd(sc->pu[i]);
+    const __m512i cz = _mm512_set1_epi64(sc->czi[i]);
+    const __m512 c = _mm512_set1_ps(sc->corr[i]);
+    for (int d = 0; d < kD; d += 16) {
+      __m256 half[2];
+      for (int h = 0; h < 2; ++h) {
+        const int e = d + 8 * h;
+        __m512i x = _mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(o0 + e)));
+        x = _mm512_add_epi64(x, _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(o1 + e))), 8));
+        x = _mm512_add_epi64(x, _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(o2 + e))), 16));
+        half[h] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(x, cz)), u));
+      }
+      const __m512 o = _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);
+      _mm512_store_ps(acc + d, _mm512_fmadd_ps(_mm512_load_ps(acc + d), c, o));
+    }
+  }
+}
+
 }  // namespace
 
 void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g, int64_t j0,
                      int64_t j1, AmxScratch* sc, float* part_m, float* part_l, float* part_acc) {
   const int64_t G = a.H / a.Hkv, NQ = R * G;
-  const int64_t n_mb = (NQ + kM - 1) / kM;
-  const int M = static_cast<int>(std::min<int64_t>(kM, NQ));  // tile rows: decode has G < 16
-  const int64_t qterm = sc->nq_pad * kD;  // elements per query digit
+  const int64_t n_mb = (NQ + kMq - 1) / kMq;
+  const int M = static_cast<int>(std::min<int64_t>(kM, NQ + 1));  // tile rows: decode has G + 1
+  // Tiled caches and one A block (decode): P V in int8 straight from the value
+  // tiles; for more (prefill) converting each block's values to bf16 once for
+  // all of them is cheaper.
+  const bool tiled = a.k.tiled != 0;  // then a.v.tiled too: the keys need no conversion
+  const bool int8_pv = tiled && n_mb == 1;
   int64_t jmax = j0;
   for (int64_t r = 0; r < R; ++r) {
     int64_t lim = a.n_kv;
@@ -409,35 +640,24 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
     sc->lim[r] = std::min(lim, j1);
     jmax = std::max(jmax, sc->lim[r]);
   }
-  // Queries times the softmax scale in fixed point (units of max|q| / 2^22),
-  // as three int8 digits: Q = d0 + 256 d1 + 65536 d2; padding rows zero.
-  for (int64_t t = 0; t < n_mb * kM; ++t) {
-    int8_t* q0 = sc->qd + t * kD;
-    if (t >= NQ) {
-      for (int e = 0; e < 3; ++e) std::memset(q0 + e * qterm, 0, kD);
-      continue;
+  // The raw int8 queries, 15 per A block, each block's next row all ones (its
+  // products are the key sums, for the query zero points); the rest zero.
+  for (int64_t mb = 0; mb < n_mb; ++mb) {
+    const int64_t t0 = mb * kMq, nqb = std::min<int64_t>(kMq, NQ - t0);
+    int8_t* blk = sc->qd + mb * kM * kD;
+    std::memset(blk, 0, kM * kD);
+    for (int64_t r = 0; r < nqb; ++r) {
+      const int64_t t = t0 + r, s_ = i0 + t / G, h = g * G + t % G;
+      const AttnOperand& q = a.q;
+      const __m512i raw = _mm512_loadu_si512(q.i8 + b * q.sb + s_ * q.ss + h * q.sh);
+      _mm512_store_si512(blk + r * kD, raw);
+      // the sum of the 64 signed bytes: of (byte + 128) as unsigned, less 64 * 128
+      const __m512i sad = _mm512_sad_epu8(_mm512_xor_si512(raw, _mm512_set1_epi8(-128)), _mm512_setzero_si512());
+      sc->qsum[t] = static_cast<int32_t>(_mm512_reduce_add_epi64(sad)) - 64 * 128;
+      sc->qz[t] = q.zero_point[b * q.zp_sb + s_ * q.zp_ss + h * q.zp_sh];
+      sc->qs[t] = q.scale[b * q.sc_sb + s_ * q.sc_ss + h * q.sc_sh] * a.scale;
     }
-    const float* q = attn_query_row(a, b, i0 + t / G, g * G + t % G, sc->qrow, a.scale);
-    __m512 amax = _mm512_setzero_ps();
-    for (int c = 0; c < 4; ++c) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(q + 16 * c)));
-    const float mx = _mm512_reduce_max_ps(amax);
-    const float unit = mx > 0.f ? mx / 4194304.f : 0.f;
-    const __m512 inv = _mm512_set1_ps(mx > 0.f ? 4194304.f / mx : 0.f);
-    const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
-    __m512i sum = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      const __m512i Q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), inv));
-      sum = _mm512_add_epi32(sum, Q);
-      const __m512i e0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q, c128), c255), c128);
-      const __m512i Q1 = _mm512_srai_epi32(_mm512_sub_epi32(Q, e0), 8);
-      const __m512i e1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q1, c128), c255), c128);
-      const __m512i e2 = _mm512_srai_epi32(_mm512_sub_epi32(Q1, e1), 8);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q0 + 16 * c), _mm512_cvtepi32_epi8(e0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q0 + qterm + 16 * c), _mm512_cvtepi32_epi8(e1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q0 + 2 * qterm + 16 * c), _mm512_cvtepi32_epi8(e2));
-    }
-    sc->qs[t] = unit;
-    sc->qsum[t] = static_cast<float>(_mm512_reduce_add_epi32(sum));
+    std::memset(blk + nqb * kD, 1, kD);
   }
   std::fill(sc->acc, sc->acc + NQ * kD, 0.f);
   std::fill(sc->m, sc->m + NQ, -INFINITY);
@@ -449,51 +669,68 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
     // This block was converted during the previous one (stores long retired
     // when the tiles load them); the next is converted after this one's scores.
     const KVBlock& kb = sc->blk[((jb - j0) / kKB) % 2];
-    if (jb == j0) convert_block(a, b, g, jb, len, kb);
+    if (jb == j0) convert_block(a, b, g, jb, len, kb, !int8_pv);
+    // Tiled caches: the key and value tiles of the block after the next are
+    // prefetched a few lines at a time through this block's work (all at once,
+    // the prefetches would wait for each other and the work behind them).
+    Prefetch pf;
+    if (tiled) pf.start(a, g, jb + 2 * kKB, jmax);
     bool next_done = jb + kKB >= jmax;
     for (int64_t mb = 0; mb < n_mb; ++mb) {
-      const int64_t t0 = mb * kM, rows = std::min<int64_t>(kM, NQ - t0);
+      const int64_t t0 = mb * kMq, rows = std::min<int64_t>(kMq, NQ - t0);
       int64_t vis_max = 0;  // keys of the block some row of this A block sees
       for (int64_t i = 0; i < rows; ++i)
         vis_max = std::max(vis_max, std::clamp<int64_t>(sc->lim[(t0 + i) / G] - jb, 0, len));
       if (vis_max == 0) continue;
       const int64_t groups = (vis_max + 15) / 16, chunks = (vis_max + 31) / 32;
-      // S = Q K^T in integers. Tiles 0-2: a 16-key group's dot products with
-      // the three query digits (3-5); 6, 7: key tiles, alternating.
-      const int8_t* qb = sc->qd + t0 * kD;
-      _tile_loadd(3, qb, kD);
-      _tile_loadd(4, qb + qterm, kD);
-      _tile_loadd(5, qb + 2 * qterm, kD);
-      for (int64_t grp = 0; grp < groups; ++grp) {
+      // S = Q K^T in int32, the raw int8 operands. Tile 3: the A block;
+      // 0, 1, 2, 4: four 16-key groups' products in flight; 6, 7: key tiles.
+      _tile_loadd(3, sc->qd + mb * kM * kD, kD);
+      auto key = [&](int64_t grp) {
+        return tiled ? static_cast<const void*>(key_tile(a, g, jb + grp * 16))
+                     : static_cast<const void*>(kb.bk + grp * 256);
+      };
+      for (int64_t grp = 0; grp < groups; grp += 4) {
         int32_t* dst = sc->sd + grp * 16;
+        const int64_t n = std::min<int64_t>(4, groups - grp);
         _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        if (grp % 2 == 0) {
-          _tile_loadd(6, kb.bk + grp * 256, 64);
-          _tile_dpbssd(0, 3, 6);
-          _tile_dpbssd(1, 4, 6);
-          _tile_dpbssd(2, 5, 6);
-        } else {
-          _tile_loadd(7, kb.bk + grp * 256, 64);
-          _tile_dpbssd(0, 3, 7);
-          _tile_dpbssd(1, 4, 7);
-          _tile_dpbssd(2, 5, 7);
+        _tile_loadd(6, key(grp), 64);
+        _tile_dpbssd(0, 3, 6);
+        if (n > 1) {
+          _tile_zero(1);
+          _tile_loadd(7, key(grp + 1), 64);
+          _tile_dpbssd(1, 3, 7);
+        }
+        if (n > 2) {
+          _tile_zero(2);
+          _tile_loadd(6, key(grp + 2), 64);
+          _tile_dpbssd(2, 3, 6);
+        }
+        if (n > 3) {
+          _tile_zero(4);
+          _tile_loadd(7, key(grp + 3), 64);
+          _tile_dpbssd(4, 3, 7);
         }
         _tile_stored(0, dst, kKB * 4);
-        _tile_stored(1, dst + 16 * kKB, kKB * 4);
-        _tile_stored(2, dst + 32 * kKB, kKB * 4);
+        if (n > 1) _tile_stored(1, dst + 16, kKB * 4);
+        if (n > 2) _tile_stored(2, dst + 32, kKB * 4);
+        if (n > 3) _tile_stored(4, dst + 48, kKB * 4);
+        pf.next(8);
       }
       if (!next_done) {
-        convert_block(a, b, g, jb + kKB, std::min<int64_t>(kKB, jmax - jb - kKB), sc->blk[((jb - j0) / kKB + 1) % 2]);
+        convert_block(a, b, g, jb + kKB, std::min<int64_t>(kKB, jmax - jb - kKB), sc->blk[((jb - j0) / kKB + 1) % 2], !int8_pv);
         next_done = true;
+      }
+      if (int8_pv) {
+        attend_values_tiled(a, sc, kb, g, i0, jb, len, t0, rows, M, G, (vis_max + 63) / 64, pf);
+        continue;
       }
       for (int64_t i = 0; i < M; ++i) {
         const int64_t t = t0 + i;
         const int64_t r = t / G;
         const int64_t vis = i < rows ? std::clamp<int64_t>(sc->lim[r] - jb, 0, len) : 0;
         const float* mrow = a.mask && vis > 0 ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
-        sc->corr[i] = softmax_row(a, sc, kb, i, t, vis, chunks, mrow);
+        sc->corr[i] = softmax_row(a, sc, kb, i, rows, t, vis, chunks, mrow);
       }
       // O = P V. Tiles 0-3: the 64 dims; 4, 5: probabilities hi, lo of a
       // 32-key chunk; 6, 7: value tiles.
@@ -533,7 +770,7 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
       }
     }
     if (!next_done)  // no row of this block saw a key of it
-      convert_block(a, b, g, jb + kKB, std::min<int64_t>(kKB, jmax - jb - kKB), sc->blk[((jb - j0) / kKB + 1) % 2]);
+      convert_block(a, b, g, jb + kKB, std::min<int64_t>(kKB, jmax - jb - kKB), sc->blk[((jb - j0) / kKB + 1) % 2], !int8_pv);
   }
   _tile_release();
 

@@ -4,14 +4,11 @@
 // Same contract as the generic tile of attention.cpp: a tile of query rows
 // times the G query heads sharing one kv head, over keys [j0, j1), with an
 // online softmax; results normalized into the output or, for a key split,
-// left as partial (max, sum, weighted sum) triples. Exact to ~1e-6 relative,
-// like the generic kernel:
-// - scores: the raw int8 keys against the query in 22-bit fixed point, as
-//   three int8 digits (AMX-INT8, int32 sums), the zero points and scales
-//   applied after;
-// - weighted sums: the raw int8 values, exact in bf16, against the
-//   probabilities times the value scales split into two bf16 terms (hi + lo),
-//   fp32 sums (AMX-BF16); the zero points subtracted after.
+// left as partial (max, sum, weighted sum) triples. Scores exact in integers
+// (the raw int8 queries and keys); weighted sums exact to ~1e-6 relative, like
+// the generic kernel (details in attention_amx.cpp). Over caches in rows or in
+// kv_layout.h's tile layout (AttnOperand::tiled), where a decode step reads
+// them straight into tiles.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +22,7 @@ struct AttnArgs;
 // data permission. Checked once.
 bool amx_attention_supported();
 
-// D == 64 and int8 key and value caches: the shapes the AMX path handles.
+// D == 64 and an int8 query and caches: the shapes the AMX path handles.
 bool amx_attention_applies(const AttnArgs& a);
 
 struct AmxScratch;
@@ -37,9 +34,5 @@ void amx_scratch_free(AmxScratch* s);
 // partial results of the R * G query vectors (max, sum, D weighted sums each).
 void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g, int64_t j0,
                      int64_t j1, AmxScratch* sc, float* part_m, float* part_l, float* part_acc);
-
-// Query row (b, s, h) as floats times `mul` (attention.cpp).
-const float* attn_query_row(const AttnArgs& a, int64_t b, int64_t s, int64_t h, float* buf,
-                            float mul);
 
 }  // namespace etserve

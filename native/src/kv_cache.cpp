@@ -1,6 +1,7 @@
 // KV cache discovery and snapshots: see kv_cache.h and the ets_kv_* calls in
 // include/etserve.h.
 #include "kv_cache.h"
+#include "kv_layout.h"
 
 #include "etserve.h"
 #include "model.h"
@@ -82,6 +83,34 @@ void kv_observe_indexed(const char* op) {
 namespace {
 
 using etserve::KvCacheView;
+
+using etserve::KvLayout;
+
+// Rows [0, n) of a cache in a tiled layout (kv_layout.h) into `dst`, position-major:
+// whole blocks of 64 positions take the same bytes in both layouts.
+void tiled_rows_out(const KvCacheView& c, KvLayout l, int64_t n, char* dst) {
+  const int64_t full = n / etserve::kLayoutBlock * etserve::kLayoutBlock;
+  const size_t row = c.row_bytes();
+  std::memcpy(dst, c.data, static_cast<size_t>(full) * row);
+  etserve::to_rows(l, reinterpret_cast<int8_t*>(dst), full, c.heads);
+  for (int64_t p = full; p < n; ++p) {
+    for (int64_t h = 0; h < c.heads; ++h)
+      etserve::tiled_read(l, reinterpret_cast<const int8_t*>(c.data), c.heads, p, h,
+                          reinterpret_cast<int8_t*>(dst + p * row + h * c.dim));
+  }
+}
+
+void tiled_rows_in(const KvCacheView& c, KvLayout l, int64_t n, const char* src) {
+  const int64_t full = n / etserve::kLayoutBlock * etserve::kLayoutBlock;
+  const size_t row = c.row_bytes();
+  std::memcpy(c.data, src, static_cast<size_t>(full) * row);
+  etserve::to_tiled(l, reinterpret_cast<int8_t*>(c.data), full, c.heads);
+  for (int64_t p = full; p < n; ++p) {
+    for (int64_t h = 0; h < c.heads; ++h)
+      etserve::tiled_write(l, reinterpret_cast<int8_t*>(c.data), c.heads, p, h,
+                           reinterpret_cast<const int8_t*>(src + p * row + h * c.dim));
+  }
+}
 
 // Row s of cache c as one contiguous block, or head by head.
 void copy_rows_out(const KvCacheView& c, int64_t n, char* dst) {
@@ -174,7 +203,12 @@ int ets_kv_snapshot(ets_model* m, int64_t n_positions, void* out, size_t out_len
   }
   char* dst = static_cast<char*>(out);
   for (const KvCacheView& c : m->kv.caches) {
-    copy_rows_out(c, n_positions, dst);
+    const KvLayout l = m->kv_layouts.of(c.data);
+    if (l != KvLayout::kRows) {
+      tiled_rows_out(c, l, n_positions, dst);
+    } else {
+      copy_rows_out(c, n_positions, dst);
+    }
     dst += static_cast<size_t>(n_positions) * c.row_bytes();
   }
   return ETS_OK;
@@ -199,7 +233,12 @@ int ets_kv_restore(ets_model* m, int64_t n_positions, const void* in, size_t in_
   }
   const char* src = static_cast<const char*>(in);
   for (const KvCacheView& c : m->kv.caches) {
-    copy_rows_in(c, n_positions, src);
+    const KvLayout l = m->kv_layouts.of(c.data);
+    if (l != KvLayout::kRows) {
+      tiled_rows_in(c, l, n_positions, src);
+    } else {
+      copy_rows_in(c, n_positions, src);
+    }
     src += static_cast<size_t>(stored) * c.row_bytes();
   }
   m->has_logits = false;  // they belonged to whatever ran before

@@ -3,6 +3,7 @@
 
 #include "attention.h"
 #include "kv_cache.h"
+#include "kv_layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -58,6 +59,16 @@ bool copy_into_cache(KernelRuntimeContext& ctx, const char* op, const Tensor& va
   char* dst = static_cast<char*>(cache.mutable_data_ptr());
   const auto vs = value.strides();
   const auto cs = cache.strides();
+  const KvLayouts* layouts = current_kv_layouts();
+  const KvLayout layout = layouts != nullptr ? layouts->of(dst) : KvLayout::kRows;
+  if (layout != KvLayout::kRows) {  // int8 [1, S, H, 64], in the AMX tile's layout
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t h = 0; h < H; ++h)
+        tiled_write(layout, reinterpret_cast<int8_t*>(dst), H, start_pos + s, h,
+                    reinterpret_cast<const int8_t*>(src + (s * vs[1] + h * vs[2]) * es));
+    }
+    return true;
+  }
   const bool rows_dense = (H <= 1 || (vs[2] == D && cs[2] == D));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t s = 0; s < S; ++s) {
@@ -117,6 +128,40 @@ void f32_operand(const Tensor& t, AttnOperand* x) {
   const auto ts = t.strides();
   x->f32 = t.const_data_ptr<float>();
   x->sb = ts[0], x->ss = ts[1], x->sh = ts[2];
+}
+
+// The layout a model's int8 caches are read in (kv_layout.h): the AMX tile's
+// while the AMX kernel attends, when the caches are whole [1, S, Hkv, 64]
+// tensors with S a multiple of 64; else rows. Converts them in place when the
+// kernel changed, and tells the operands.
+void choose_layouts(const Tensor& kc, const Tensor& vc, AttnOperand* k, AttnOperand* v) {
+  KvLayouts* layouts = current_kv_layouts();
+  if (layouts == nullptr) return;  // a kernel called on its own: rows
+  const int64_t S = kc.size(1), H = kc.size(2), D = kc.size(3);
+  auto dense = [&](const Tensor& t) {
+    const auto st = t.strides();
+    return st[3] == 1 && st[2] == D && st[1] == H * D;
+  };
+  const bool want = attention_kernel(-1) == 1 && D == 64 && kc.size(0) == 1 &&
+                    S % kLayoutBlock == 0 && dense(kc) && dense(vc) &&
+                    kc.const_data_ptr() != vc.const_data_ptr();
+  const struct {
+    const Tensor* t;
+    AttnOperand* x;
+    KvLayout tiled;
+  } caches[2] = {{&kc, k, KvLayout::kKeyTiles}, {&vc, v, KvLayout::kValueTiles}};
+  for (const auto& c : caches) {
+    int8_t* data = static_cast<int8_t*>(c.t->mutable_data_ptr());
+    const KvLayout now = layouts->of(data);
+    const KvLayout to = want ? c.tiled : KvLayout::kRows;
+    if (now != to) {
+      if (now != KvLayout::kRows) to_rows(now, data, S, H);
+      if (to != KvLayout::kRows) to_tiled(to, data, S, H);
+      layouts->set(data, to, S, H);
+    }
+    c.x->tiled = static_cast<int>(to);
+    c.x->hkv = H;
+  }
 }
 
 // Validates and runs attention of q over the caches with `n_kv_nomask` keys
@@ -180,6 +225,7 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
         !quant_operand(ctx, op, "key", kc, qp->k_zp, qp->k_scale, &a.k) ||
         !quant_operand(ctx, op, "value", vc, qp->v_zp, qp->v_scale, &a.v))
       return;
+    choose_layouts(kc, vc, &a.k, &a.v);
   } else {
     f32_operand(q, &a.q);
     f32_operand(kc, &a.k);

@@ -3,6 +3,7 @@
 
 #include "etserve.h"
 #include "kv_cache.h"
+#include "kv_layout.h"
 
 #include <executorch/extension/module/module.h>
 
@@ -24,6 +25,7 @@ struct ets_model {
   int64_t forward_tokens = 0;
   std::string error;
   etserve::KvRecorder kv;  // its KV caches, found by the first forward call
+  etserve::KvLayouts kv_layouts;  // those its AMX attention keeps in tile layout
 
   bool read_metadata(std::string* why);
   int forward(const int64_t* tokens, int64_t n, int64_t start_pos);

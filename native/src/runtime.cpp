@@ -296,6 +296,7 @@ int ets_model::forward(const int64_t* tokens, int64_t n, int64_t start_pos) {
   auto pos_t = from_blob(pos_buf.data(), {static_cast<int32_t>(pos_buf.size())}, ScalarType::Long);
 
   etserve::KvRecordScope recording(&kv);  // the kernels report the caches they write
+  etserve::KvLayoutScope layouts(&kv_layouts);  // and keep or find them in their layouts
   etserve::log_capture_begin();
   auto result = module->forward({EValue(tokens_t), EValue(pos_t)});
   std::string captured = etserve::log_capture_end();

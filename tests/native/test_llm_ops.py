@@ -330,18 +330,96 @@ def i8ptr(a):
     return a.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
 
-@pytest.fixture(params=["generic", "amx"])
+@pytest.fixture(params=["generic", "amx", "amx-tiled"])
 def int8_kernel(request, lib):
     """Runs an int8-cache test on each attention kernel: the generic one (AVX2) and, where
-    the CPU and OS have them, Intel AMX tiles (ets_attention_kernel)."""
+    the CPU and OS have them, Intel AMX tiles (ets_attention_kernel), over caches in rows and,
+    as in a model's forward call, in the tile layout (kv_layout.h: caches of 64-multiple
+    lengths are converted in place by the first call)."""
     lib.ets_attention_kernel.argtypes = [c_int]
     lib.ets_attention_kernel.restype = c_int
+    lib.etserve_test_kv_layouts.argtypes = [c_int]
     before = lib.ets_attention_kernel(-1)
-    want = {"generic": 0, "amx": 1}[request.param]
+    want = {"generic": 0, "amx": 1, "amx-tiled": 1}[request.param]
     if lib.ets_attention_kernel(want) != want:
         pytest.skip("this CPU or OS has no AMX-BF16")
-    yield request.param
-    lib.ets_attention_kernel(before)
+    lib.etserve_test_kv_layouts(int(request.param == "amx-tiled"))
+    try:
+        yield request.param
+    finally:
+        lib.etserve_test_kv_layouts(0)
+        lib.ets_attention_kernel(before)
+
+
+def key_tiles(rows):
+    """kv_layout.h's key layout of a [1, S, Hkv, 64] int8 cache, as numpy computes it: per 64
+    positions and head, [4 groups of 16 positions][16 dim quads][16 positions][4 dims]."""
+    S, Hkv = rows.shape[1], rows.shape[2]
+    return rows.reshape(S // 64, 4, 16, Hkv, 16, 4).transpose(0, 3, 1, 4, 2, 5).reshape(rows.shape)
+
+
+def value_tiles(rows):
+    """... and its value layout: per 64 positions and head, [16 position quads][64 dims][4]."""
+    S, Hkv = rows.shape[1], rows.shape[2]
+    return rows.reshape(S // 64, 16, 4, Hkv, 64).transpose(0, 3, 1, 4, 2).reshape(rows.shape)
+
+
+def test_tiled_cache_layout_lifecycle(lib):
+    """A model's int8 caches under the AMX kernel: converted in place to the tile layout by the
+    first attention over them, written there by update_cache, attended over there (decode:
+    int8 P V from the tiles; prefill: bf16 values), and back in rows once the generic kernel is
+    chosen; every output against the float64 reference."""
+    lib.ets_attention_kernel.argtypes = [c_int]
+    lib.ets_attention_kernel.restype = c_int
+    lib.etserve_test_kv_layouts.argtypes = [c_int]
+    before = lib.ets_attention_kernel(-1)
+    if lib.ets_attention_kernel(1) != 1:
+        pytest.skip("this CPU or OS has no AMX-BF16")
+    rng = np.random.default_rng(21)
+    B, H, Hkv, D, Smax = 1, 14, 2, 64, 1024
+    q1 = _quantized(rng, B, 1, H, D)
+    q40 = _quantized(rng, B, 40, H, D)
+    k = _quantized(rng, B, Smax, Hkv, D)
+    v = _quantized(rng, B, Smax, Hkv, D)
+    k_rows, v_rows = k[0].copy(), v[0].copy()
+
+    def deq(rows, x):
+        return (rows.astype(np.float64) - x[2]) * x[1]
+
+    lib.etserve_test_kv_layouts(1)
+    try:
+        rc, out = run_quantized_sdpa(lib, q1, k, v, 700, True)
+        assert rc == 0
+        assert np.abs(out - ref_sdpa(q1[3], k[3], v[3], 700, True)).max() <= 1e-4
+        assert np.array_equal(k[0], key_tiles(k_rows)) and np.array_equal(v[0], value_tiles(v_rows))
+        # update_cache writes new rows 701..703 in place in the layout
+        new_k = rng.integers(-128, 128, (1, 3, Hkv, D)).astype(np.int8)
+        new_v = rng.integers(-128, 128, (1, 3, Hkv, D)).astype(np.int8)
+        for new, cache, rows in ((new_k, k[0], k_rows), (new_v, v[0], v_rows)):
+            assert lib.etserve_test_update_cache_typed(1, new.ctypes.data, 1, 3, Hkv, D, cache.ctypes.data,
+                                                       Smax, 701) == 0
+            rows[:, 701:704] = new
+        assert np.array_equal(k[0], key_tiles(k_rows)) and np.array_equal(v[0], value_tiles(v_rows))
+        kd, vd = deq(k_rows, k), deq(v_rows, v)
+        # decode (one A block) and prefill (40 rows: three A blocks) over the tiles, with threads
+        lib.ets_set_num_threads.argtypes = [c_int]
+        lib.ets_get_num_threads.restype = c_int
+        threads = lib.ets_get_num_threads()
+        for n in (1, 2):
+            assert lib.ets_set_num_threads(n) == 0
+            rc, out = run_quantized_sdpa(lib, q1, k, v, 703, True)
+            assert rc == 0 and np.abs(out - ref_sdpa(q1[3], kd, vd, 703, True)).max() <= 1e-4
+            rc, out = run_quantized_sdpa(lib, q40, k, v, 660, True)
+            assert rc == 0 and np.abs(out - ref_sdpa(q40[3], kd, vd, 660, True)).max() <= 1e-4
+        lib.ets_set_num_threads(threads)
+        # the generic kernel: the caches go back to rows first
+        assert lib.ets_attention_kernel(0) == 0
+        rc, out = run_quantized_sdpa(lib, q1, k, v, 703, True)
+        assert rc == 0 and np.abs(out - ref_sdpa(q1[3], kd, vd, 703, True)).max() <= 1e-4
+        assert np.array_equal(k[0], k_rows) and np.array_equal(v[0], v_rows)
+    finally:
+        lib.etserve_test_kv_layouts(0)
+        lib.ets_attention_kernel(before)
 
 
 def run_quantized_sdpa(lib, q, k, v, start_pos, causal, mask=None, scale=None):

@@ -1,0 +1,123 @@
+// Tiled int8 KV cache layouts: see kv_layout.h.
+#include "kv_layout.h"
+
+#include <cstring>
+
+namespace etserve {
+
+thread_local KvLayouts* t_layouts = nullptr;
+
+namespace {
+
+// One block of 64 positions, all heads: rows (row-major [64][hkv][64]) <->
+// tiled, between two buffers of 64 * hkv * 64 bytes.
+void block_to_tiled(KvLayout l, const int8_t* rows, int8_t* tiled, int64_t hkv) {
+  for (int64_t p = 0; p < kLayoutBlock; ++p) {
+    for (int64_t h = 0; h < hkv; ++h) {
+      const int8_t* src = rows + (p * hkv + h) * 64;
+      if (l == KvLayout::kKeyTiles) {
+        int8_t* dst = tiled + h * 4096 + (p >> 4) * 1024 + (p & 15) * 4;
+        for (int64_t q = 0; q < 16; ++q) std::memcpy(dst + q * 64, src + q * 4, 4);
+      } else {
+        int8_t* dst = tiled + h * 4096 + (p >> 2) * 256 + (p & 3);
+        for (int64_t d = 0; d < 64; ++d) dst[d * 4] = src[d];
+      }
+    }
+  }
+}
+
+void block_to_rows(KvLayout l, const int8_t* tiled, int8_t* rows, int64_t hkv) {
+  for (int64_t p = 0; p < kLayoutBlock; ++p) {
+    for (int64_t h = 0; h < hkv; ++h) {
+      int8_t* dst = rows + (p * hkv + h) * 64;
+      if (l == KvLayout::kKeyTiles) {
+        const int8_t* src = tiled + h * 4096 + (p >> 4) * 1024 + (p & 15) * 4;
+        for (int64_t q = 0; q < 16; ++q) std::memcpy(dst + q * 4, src + q * 64, 4);
+      } else {
+        const int8_t* src = tiled + h * 4096 + (p >> 2) * 256 + (p & 3);
+        for (int64_t d = 0; d < 64; ++d) dst[d] = src[d * 4];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void tiled_read(KvLayout l, const int8_t* cache, int64_t hkv, int64_t p, int64_t h, int8_t* dst) {
+  const int8_t* base = cache + tiled_offset(l, hkv, p, h, 0);
+  if (l == KvLayout::kKeyTiles) {
+    for (int64_t q = 0; q < 16; ++q) std::memcpy(dst + q * 4, base + q * 64, 4);
+  } else {
+    for (int64_t d = 0; d < 64; ++d) dst[d] = base[d * 4];
+  }
+}
+
+void tiled_write(KvLayout l, int8_t* cache, int64_t hkv, int64_t p, int64_t h, const int8_t* src) {
+  int8_t* base = cache + tiled_offset(l, hkv, p, h, 0);
+  if (l == KvLayout::kKeyTiles) {
+    for (int64_t q = 0; q < 16; ++q) std::memcpy(base + q * 64, src + q * 4, 4);
+  } else {
+    for (int64_t d = 0; d < 64; ++d) base[d * 4] = src[d];
+  }
+}
+
+// A block of positions occupies the same bytes in both layouts:
+// [block * 64 * hkv * 64, (block + 1) * 64 * hkv * 64).
+void to_tiled(KvLayout l, int8_t* cache, int64_t rows, int64_t hkv) {
+  const size_t bytes = static_cast<size_t>(kLayoutBlock * hkv * 64);
+  std::vector<int8_t> tmp(bytes);
+  for (int64_t b = 0; b < rows / kLayoutBlock; ++b) {
+    int8_t* blk = cache + b * static_cast<int64_t>(bytes);
+    std::memcpy(tmp.data(), blk, bytes);
+    block_to_tiled(l, tmp.data(), blk, hkv);
+  }
+}
+
+void to_rows(KvLayout l, int8_t* cache, int64_t rows, int64_t hkv) {
+  const size_t bytes = static_cast<size_t>(kLayoutBlock * hkv * 64);
+  std::vector<int8_t> tmp(bytes);
+  for (int64_t b = 0; b < rows / kLayoutBlock; ++b) {
+    int8_t* blk = cache + b * static_cast<int64_t>(bytes);
+    std::memcpy(tmp.data(), blk, bytes);
+    block_to_rows(l, tmp.data(), blk, hkv);
+  }
+}
+
+KvLayout KvLayouts::of(const void* data) const {
+  for (const Entry& e : tiled) {
+    if (e.data == data) return e.layout;
+  }
+  return KvLayout::kRows;
+}
+
+void KvLayouts::set(const void* data, KvLayout l, int64_t rows, int64_t hkv) {
+  for (size_t i = 0; i < tiled.size(); ++i) {
+    if (tiled[i].data == data) {
+      if (l == KvLayout::kRows) {
+        tiled.erase(tiled.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        tiled[i] = Entry{data, l, rows, hkv};
+      }
+      return;
+    }
+  }
+  if (l != KvLayout::kRows) tiled.push_back(Entry{data, l, rows, hkv});
+}
+
+KvLayouts* current_kv_layouts() { return t_layouts; }
+
+KvLayoutScope::KvLayoutScope(KvLayouts* l) : prev_(t_layouts) { t_layouts = l; }
+KvLayoutScope::~KvLayoutScope() { t_layouts = prev_; }
+
+}  // namespace etserve
+
+// For the kernels' tests and benchmarks, which call the operators on their
+// own (no model, no forward call): on != 0 gives the calling thread a set of
+// layouts, as a forward call does, so the int8 caches it passes are kept in
+// tile layout from the first AMX attention over them on; 0 forgets them
+// (their buffers are the caller's, and may be freed and reused) and ends it.
+extern "C" __attribute__((visibility("default"))) void etserve_test_kv_layouts(int on) {
+  thread_local etserve::KvLayouts layouts;
+  layouts.tiled.clear();
+  etserve::t_layouts = on != 0 ? &layouts : nullptr;
+}
