@@ -384,6 +384,36 @@ inline __m512 scores16(const AmxScratch* sc, const KVBlock& kb, int64_t i, int64
                        _mm512_mul_ps(_mm512_load_ps(kb.sk + 16 * v), _mm512_set1_ps(sc->qs[t])));
 }
 
+// The scores of row i of the A block (query vector t) over the block's first
+// `vis` keys into srow (-inf past them), the mask added; returns their max.
+float scores_row(const AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t ones, int64_t t,
+                 int64_t vis, const float* mrow, float* srow) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 mx = ninf;
+  for (int64_t v = 0; v * 16 < vis; ++v) {
+    const int64_t rest = vis - 16 * v;
+    const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
+    __m512 x = scores16(sc, kb, i, ones, t, v);
+    if (mrow) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, mrow + 16 * v));
+    x = _mm512_mask_mov_ps(ninf, k, x);
+    _mm512_store_ps(srow + 16 * v, x);
+    mx = _mm512_max_ps(mx, x);
+  }
+  return _mm512_reduce_max_ps(mx);
+}
+
+// scores_row, then query vector t's new running max *mn and the correction
+// *corr of what it had; false when no key so far is visible to it.
+bool new_max(const AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t ones, int64_t t,
+             int64_t vis, const float* mrow, float* srow, float* mn, float* corr) {
+  if (vis == 0) return false;
+  const float mo = sc->m[t];
+  *mn = std::max(mo, scores_row(sc, kb, i, ones, t, vis, mrow, srow));
+  if (!(*mn > -INFINITY)) return false;  // everything so far masked out
+  *corr = mo > -INFINITY ? std::exp(mo - *mn) : 0.f;
+  return true;
+}
+
 // Row i of the A block: scores (sc->s) -> probabilities times value scales as
 // bf16 hi + lo over `chunks` 32-key chunks (zero past `vis` keys); updates the
 // running max and sum of query vector t; returns the correction of its
@@ -400,29 +430,12 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
     }
   };
   sc->cz[i] = 0.f;
-  if (vis == 0) {
+  float mn, corr;
+  if (!new_max(sc, kb, i, ones, t, vis, mrow, srow, &mn, &corr)) {
     zero_from(0);
     return 1.f;
   }
-  const __m512 ninf = _mm512_set1_ps(-INFINITY);
   const int64_t nv = (vis + 15) / 16;
-  __m512 mx = ninf;
-  for (int64_t v = 0; v < nv; ++v) {
-    const int64_t rest = vis - 16 * v;
-    const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
-    __m512 x = scores16(sc, kb, i, ones, t, v);
-    if (mrow) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, mrow + 16 * v));
-    x = _mm512_mask_mov_ps(ninf, k, x);
-    _mm512_store_ps(srow + 16 * v, x);
-    mx = _mm512_max_ps(mx, x);
-  }
-  const float mo = sc->m[t];
-  const float mn = std::max(mo, _mm512_reduce_max_ps(mx));
-  if (!(mn > -INFINITY)) {  // everything so far masked out
-    zero_from(0);
-    return 1.f;
-  }
-  const float corr = mo > -INFINITY ? std::exp(mo - mn) : 0.f;
   const __m512 vmn = _mm512_set1_ps(mn);
   __m512 sum = _mm512_setzero_ps(), zsum = _mm512_setzero_ps();
   const int64_t nc = (nv + 1) / 2;
@@ -472,29 +485,12 @@ float softmax_row_i8(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64
   };
   sc->czi[i] = 0;
   sc->pu[i] = 0.f;
-  if (vis == 0) {
+  float mn, corr;
+  if (!new_max(sc, kb, i, ones, t, vis, mrow, srow, &mn, &corr)) {
     zero_from(0);
     return 1.f;
   }
-  const __m512 ninf = _mm512_set1_ps(-INFINITY);
   const int64_t nv = (vis + 15) / 16;
-  __m512 mx = ninf;
-  for (int64_t v = 0; v < nv; ++v) {
-    const int64_t rest = vis - 16 * v;
-    const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
-    __m512 x = scores16(sc, kb, i, ones, t, v);
-    if (mrow) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, mrow + 16 * v));
-    x = _mm512_mask_mov_ps(ninf, k, x);
-    _mm512_store_ps(srow + 16 * v, x);
-    mx = _mm512_max_ps(mx, x);
-  }
-  const float mo = sc->m[t];
-  const float mn = std::max(mo, _mm512_reduce_max_ps(mx));
-  if (!(mn > -INFINITY)) {  // everything so far masked out
-    zero_from(0);
-    return 1.f;
-  }
-  const float corr = mo > -INFINITY ? std::exp(mo - mn) : 0.f;
   const __m512 vmn = _mm512_set1_ps(mn);
   __m512 sum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
   for (int64_t v = 0; v < nv; ++v) {

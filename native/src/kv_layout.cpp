@@ -61,27 +61,28 @@ void tiled_write(KvLayout l, int8_t* cache, int64_t hkv, int64_t p, int64_t h, c
   }
 }
 
+namespace {
+
 // A block of positions occupies the same bytes in both layouts:
 // [block * 64 * hkv * 64, (block + 1) * 64 * hkv * 64).
-void to_tiled(KvLayout l, int8_t* cache, int64_t rows, int64_t hkv) {
+void convert_blocks(KvLayout l, int8_t* cache, int64_t rows, int64_t hkv, bool tiled) {
   const size_t bytes = static_cast<size_t>(kLayoutBlock * hkv * 64);
   std::vector<int8_t> tmp(bytes);
   for (int64_t b = 0; b < rows / kLayoutBlock; ++b) {
     int8_t* blk = cache + b * static_cast<int64_t>(bytes);
     std::memcpy(tmp.data(), blk, bytes);
-    block_to_tiled(l, tmp.data(), blk, hkv);
+    if (tiled) {
+      block_to_tiled(l, tmp.data(), blk, hkv);
+    } else {
+      block_to_rows(l, tmp.data(), blk, hkv);
+    }
   }
 }
 
-void to_rows(KvLayout l, int8_t* cache, int64_t rows, int64_t hkv) {
-  const size_t bytes = static_cast<size_t>(kLayoutBlock * hkv * 64);
-  std::vector<int8_t> tmp(bytes);
-  for (int64_t b = 0; b < rows / kLayoutBlock; ++b) {
-    int8_t* blk = cache + b * static_cast<int64_t>(bytes);
-    std::memcpy(tmp.data(), blk, bytes);
-    block_to_rows(l, tmp.data(), blk, hkv);
-  }
-}
+}  // namespace
+
+void to_tiled(KvLayout l, int8_t* cache, int64_t rows, int64_t hkv) { convert_blocks(l, cache, rows, hkv, true); }
+void to_rows(KvLayout l, int8_t* cache, int64_t rows, int64_t hkv) { convert_blocks(l, cache, rows, hkv, false); }
 
 KvLayout KvLayouts::of(const void* data) const {
   for (const Entry& e : tiled) {
