@@ -86,8 +86,7 @@ def _parallel_preprocess() -> Iterator[None]:
         else:
             _JOBS = jobs
             try:
-                with multiprocessing.get_context("fork").Pool(min(workers, len(jobs)), initializer=_worker_init) as pool:
-                    results = pool.map(_preprocess_job, range(len(jobs)), chunksize=1)
+                results = _map_in_pool(_preprocess_job, len(jobs), min(workers, len(jobs)))
             finally:
                 _JOBS = []
         out: dict[str, list[Any]] = {method: [None] * len(programs) for method, programs in edge_programs.items()}
@@ -106,6 +105,23 @@ def _parallel_preprocess() -> Iterator[None]:
                 delattr(XnnpackBackend, name)
             else:
                 setattr(XnnpackBackend, name, original)
+
+
+def _map_in_pool(fn, n: int, workers: int) -> list:
+    """``[fn(i) for i in range(n)]`` in ``workers`` forked processes. The pool is closed and joined
+    (the workers read the end-of-work sentinels and exit), not terminated as ``with Pool()`` does:
+    terminating sends SIGTERM to workers blocked on the task queue's lock, and a build left one of
+    them blocked there for good (the build's SIGTERM handler raises SystemExit, which that worker
+    never ran), with the parent waiting on it in ``Pool.__exit__``."""
+    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+    try:
+        results = pool.map(fn, range(n), chunksize=1)
+    except BaseException:
+        pool.terminate()
+        raise
+    pool.close()
+    pool.join()
+    return results
 
 
 def _run_in_process(job):
