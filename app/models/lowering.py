@@ -1,4 +1,4 @@
-"""Two changes to how ExecuTorch's ``to_edge_transform_and_lower`` runs, not to what it computes
+"""Changes to how ExecuTorch's ``to_edge_transform_and_lower`` runs, not to what it computes
 (build time; needs torch + executorch).
 
 Profiled on the default Qwen build (py-spy, 442 s of lowering on one core): about 160 s convert the
@@ -20,9 +20,13 @@ are ``to_backend`` for the two XNNPACK partitioners (244 partitions), of which
    partition order: the same ``PreprocessResult`` objects, pickled;
 2. inside ``to_backend``'s partitioning, keeps ``legalize_graph``'s node copies but skips the
    module recompilation its graph assignment triggers, and recompiles each affected module once
-   when the partitioning returns, before anything can call it.
+   when the partitioning returns, before anything can call it;
+3. skips the ``run_decompositions`` calls that have nothing to decompose (``skip_idle_decompositions``):
+   of the five retraces of the whole program (one functionalization, two per partitioner, 30-40 s
+   each for Qwen), four find no operator of their table in a graph that is already functional and
+   would give back the same graph.
 
-The program is unchanged: the written ``.pte`` is byte-identical to one lowered without this
+(The provenance sharing of ``shared_provenance`` also runs inside it.) The program is unchanged: the written ``.pte`` is byte-identical to one lowered without this
 context (checked on the default build). Without ``fork`` or with one CPU, preprocess runs in
 process as before.
 """
@@ -32,7 +36,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-from typing import Any, Iterator
+import weakref
+from typing import Any, Iterable, Iterator
 
 _JOBS: list = []  # (backend class, program, compile specs) of the running preprocess, read by the workers
 
@@ -225,10 +230,69 @@ def shared_provenance() -> Iterator[None]:
         cls.__init__ = original
 
 
+def _decomposes_nothing(program, decomp_table) -> bool:
+    """For a functional ``program``: True if ``program.run_decompositions(decomp_table)`` has nothing
+    to do, i.e. the table is empty (functionalization only) or no operator of the graph (or of a
+    control-flow subgraph) is a key of it, CompositeImplicitAutograd ones included, except the
+    symbolic shape queries (``sym_size`` of a dynamic dimension, in the default table): retracing
+    asks the tensor its size and records the same query again. (``None`` means torch's default
+    table: not judged here.)"""
+    if decomp_table is None:
+        return False
+    if not len(decomp_table):
+        return True
+    import torch
+    from executorch.exir.graph_module import contains_any_call_fn_target_op
+
+    shape_queries = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+                     torch.ops.aten.sym_storage_offset.default}
+    return not contains_any_call_fn_target_op(program.graph_module, set(decomp_table.keys()) - shape_queries)
+
+
 @contextlib.contextmanager
-def faster_lowering() -> Iterator[None]:
+def skip_idle_decompositions(functional: Iterable = ()) -> Iterator[list]:
+    """``to_edge_transform_and_lower`` calls ``run_decompositions`` five times for our two XNNPACK
+    partitioners: once with an empty table (functionalization), then for each partitioner once with
+    the default table minus what it keeps and once more with the whole default table after it has
+    renamed the operators it keeps. Each call retraces the whole program (30-40 s for Qwen at a 32k
+    context). A functional program retraced with an empty table, or with a table naming no operator
+    left in its graph, comes back as the same graph: inside this block such calls return the program
+    itself. Functional means produced by a ``run_decompositions`` inside the block, or one of
+    ``functional`` (the caller's word: e.g. what ``LLMEdgeManager._export`` returns, which ends in
+    ``run_decompositions({})``). A skipped call hands back the program it was given, which the
+    library then edits in place (its operator renaming; the caller's program, if the first call
+    was skipped: ours is not used again). Yields the list of decisions, ``(table size, skipped)``
+    per call."""
+    from torch.export import ExportedProgram
+
+    original = ExportedProgram.__dict__["run_decompositions"]
+    decomposed: "weakref.WeakSet" = weakref.WeakSet(functional)
+    decisions: list = []
+
+    def run_decompositions(self, decomp_table=None, *args, **kwargs):
+        size = None if decomp_table is None else len(decomp_table)
+        if self in decomposed and _decomposes_nothing(self, decomp_table):
+            decisions.append((size, True))
+            return self
+        result = original(self, decomp_table, *args, **kwargs)
+        decisions.append((size, False))
+        decomposed.add(result)
+        return result
+
+    ExportedProgram.run_decompositions = run_decompositions
+    try:
+        yield decisions
+    finally:
+        ExportedProgram.run_decompositions = original
+
+
+@contextlib.contextmanager
+def faster_lowering(functional: Iterable = ()) -> Iterator[list]:
     """While active, ``to_edge_transform_and_lower`` preprocesses XNNPACK partitions in parallel,
-    recompiles the partitioned module once, and shares provenance records (see the module
-    docstring)."""
-    with _parallel_preprocess(), _deferred_recompile(), shared_provenance():
-        yield
+    recompiles the partitioned module once, shares provenance records and skips idle decompositions
+    (``functional``: see ``skip_idle_decompositions``; ``ETSERVE_LOWER_SKIP_DECOMP=0`` runs them all).
+    Yields that skipping's decisions (see the module docstring)."""
+    skip = os.environ.get("ETSERVE_LOWER_SKIP_DECOMP", "1") != "0"
+    with _parallel_preprocess(), _deferred_recompile(), shared_provenance(), \
+            (skip_idle_decompositions(functional) if skip else contextlib.nullcontext([])) as decisions:
+        yield decisions

@@ -135,7 +135,9 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
             if cfg.backend.xnnpack.extended_ops:
                 partitioners.append(get_xnnpack_partitioner(dynamic_quant_only_partitioner=False,
                                                             enable_bf16=enable_bf16))
-            with faster_lowering():  # the same program, preprocessed on both cores (app/models/lowering.py)
+            # the same program, faster (app/models/lowering.py); ``program`` is _export's
+            # run_decompositions({}) with transposes removed: functional
+            with faster_lowering(functional=() if reexport else (program,)) as decompositions:
                 if reexport:
                     manager = manager.to_edge_transform_and_lower(partitioners)
                 else:
@@ -144,6 +146,9 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
                     manager.edge_manager = to_edge_transform_and_lower(
                         program, partitioner=partitioners, compile_config=manager._get_edge_config(),
                         constant_methods=manager.metadata)
+            skipped = sum(1 for _, skip in decompositions if skip)
+            print(f"run_decompositions: {len(decompositions) - skipped} run, {skipped} skipped (nothing to decompose)",
+                  file=sys.stderr)
             if verbose:
                 from executorch.devtools.backend_debug import print_delegation_info
 

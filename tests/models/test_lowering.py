@@ -6,6 +6,8 @@ does not.)"""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -69,3 +71,83 @@ def test_shared_provenance_equals_deep_copies():
     with lowering.shared_provenance():
         shared = _provenance_after_passes(3)
     assert shared == reference
+
+
+def _exported(f, *args):
+    return torch.export.export(f, args, strict=False)
+
+
+def test_idle_decompositions_are_skipped_and_busy_ones_run():
+    """On a functional program (one the block produced, or the caller vouches for), an empty table or
+    one naming no operator of the graph returns the program itself; a table naming one of its
+    operators, and any call on a program not known to be functional, run as before."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(x) + 1
+
+    ep = _exported(M(), torch.randn(4))
+    table = {torch.ops.aten.sigmoid.default: lambda x: 1 / (1 + torch.exp(-x))}
+    with lowering.skip_idle_decompositions() as decisions:
+        functional = ep.run_decompositions({})  # not produced in the block: runs
+        assert functional is not ep
+        targets = {str(n.target) for n in functional.graph.nodes if n.op == "call_function"}
+        assert "aten.silu.default" in targets and "aten.sigmoid.default" not in targets
+        assert functional.run_decompositions(table) is functional  # no sigmoid in the graph: skipped
+        silu_table = {torch.ops.aten.silu.default: lambda x: x * torch.sigmoid(x)}
+        decomposed = functional.run_decompositions(silu_table)  # silu in the graph: runs
+        assert decomposed is not functional
+        assert "aten.silu.default" not in {str(n.target) for n in decomposed.graph.nodes}
+        assert decomposed.run_decompositions({}) is decomposed  # functional already: skipped
+    assert [skipped for _, skipped in decisions] == [False, True, False, True]
+    with lowering.skip_idle_decompositions(functional=[functional]) as decisions:
+        assert functional.run_decompositions({}) is functional  # the caller's word
+        assert ep.run_decompositions({}) is not ep  # not functional as far as the block knows
+    assert [skipped for _, skipped in decisions] == [True, False]
+    assert type(ep).run_decompositions.__qualname__ == "ExportedProgram.run_decompositions"  # restored
+
+
+def test_skipped_decompositions_lower_to_the_same_bytes():
+    """``to_edge_transform_and_lower`` with both XNNPACK partitioners (as builds lower), with and
+    without skipping the idle decompositions: the same program, byte for byte."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 32)
+            self.b = torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            h = torch.nn.functional.silu(self.a(x))
+            return torch.softmax(self.b(h).transpose(0, 1), dim=-1), h.mean(dim=-1)
+
+    def lower(skip: bool):
+        ep = _exported(M().eval(), torch.randn(3, 16)).run_decompositions({})
+        partitioners = [XnnpackPartitioner(), XnnpackPartitioner()]
+        context = lowering.skip_idle_decompositions(functional=[ep]) if skip else contextlib.nullcontext([])
+        with context as decisions:
+            program = to_edge_transform_and_lower(ep, partitioner=partitioners).to_executorch().buffer
+        return program, decisions
+
+    torch.manual_seed(0)
+    reference, _ = lower(False)
+    torch.manual_seed(0)
+    skipping, decisions = lower(True)
+    assert decisions[0] == (0, True)  # the functionalization of a functional program
+    assert sum(skipped for _, skipped in decisions) >= 3
+    assert skipping == reference
+
+
+def _square(i: int) -> int:
+    return i * i
+
+
+def test_pool_returns_in_order_and_leaves_no_workers():
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork")
+    assert lowering._map_in_pool(_square, 7, 2) == [i * i for i in range(7)]
+    assert multiprocessing.active_children() == []  # closed and joined, not left to terminate
