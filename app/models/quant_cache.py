@@ -6,7 +6,8 @@ The 8da4w linears and the 4-bit embedding table are quantized by torchao's
 least-squares passes over every weight, the one step of the export whose result does not depend on
 the context length. ``HqqCache.active()`` wraps that function for the duration of an export: each
 call is looked up by the content of its weight (a BLAKE2 digest of the bytes, with shape, dtype,
-block size and range), computed as before on a miss, and replayed on a hit. Everything else the
+block size and range), computed on a miss (by app/models/hqq.py: the library's values, on both
+cores), and replayed on a hit. Everything else the
 exporter does runs unchanged, so a build that hits the cache produces the tensors a build that
 misses it computes, bit for bit.
 
@@ -120,6 +121,10 @@ class HqqCache:
                     self.entries = loaded["entries"]
 
     def wrap(self, fn: Callable) -> Callable:
+        from .hqq import faster
+
+        compute = faster(fn)  # the same values on both cores (app/models/hqq.py)
+
         def cached_hqq(hp_tensor, block_size, qmin, qmax, **kwargs):
             if kwargs.get("stochastic"):
                 return fn(hp_tensor, block_size, qmin, qmax, **kwargs)
@@ -132,7 +137,7 @@ class HqqCache:
                     qdata, scale = unpack(entry)
                     return qdata, scale.to(hp_tensor.dtype)
                 self.misses += 1
-                qdata, scale = fn(hp_tensor, block_size, qmin, qmax, **kwargs)
+                qdata, scale = compute(hp_tensor, block_size, qmin, qmax, **kwargs)
                 self.new[key] = pack(qdata, scale, qmin, qmax)
                 return qdata, scale
             finally:
