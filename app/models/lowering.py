@@ -24,11 +24,12 @@ are ``to_backend`` for the two XNNPACK partitioners (244 partitions), of which
 3. skips the ``run_decompositions`` calls that have nothing to decompose (``skip_idle_decompositions``):
    of the five retraces of the whole program (one functionalization, two per partitioner, 30-40 s
    each for Qwen), four find no operator of their table in a graph that is already functional and
-   would give back the same graph.
+   would give back the same graph; likewise two of the edge dialect passes, each a retrace, when the
+   graph holds none of the operators they replace (``skip_idle_edge_passes``).
 
-(The provenance sharing of ``shared_provenance`` also runs inside it.) The program is unchanged: the written ``.pte`` is byte-identical to one lowered without this
-context (checked on the default build). Without ``fork`` or with one CPU, preprocess runs in
-process as before.
+(The provenance sharing of ``shared_provenance`` also runs inside it.) The program is unchanged:
+the written ``.pte`` is byte-identical to one lowered without this context (checked on the default
+build). Without ``fork`` or with one CPU, preprocess runs in process as before.
 """
 
 from __future__ import annotations
@@ -286,13 +287,75 @@ def skip_idle_decompositions(functional: Iterable = ()) -> Iterator[list]:
         ExportedProgram.run_decompositions = original
 
 
+def _graph_modules(gm) -> Iterator:
+    from executorch.exir.graph_module import get_control_flow_submodules
+
+    queue = [gm]
+    while queue:
+        current = queue.pop(0)
+        yield current
+        queue.extend(sub for _, sub, _ in get_control_flow_submodules(current))
+
+
+def _no_transpose_t(gm) -> bool:
+    import torch
+
+    return not any(n.op == "call_function" and n.target == torch.ops.aten.t.default
+                   for g in _graph_modules(gm) for n in g.graph.nodes)
+
+
+def _no_view_ops(gm) -> bool:
+    import torch
+
+    return not any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
+                   for g in _graph_modules(gm) for n in g.graph.nodes)
+
+
+@contextlib.contextmanager
+def skip_idle_edge_passes() -> Iterator[list]:
+    """Two of the edge dialect passes retrace the whole program to replace operators our graph no
+    longer holds by then: ``NormalizeTransposePass`` (``aten.t``) and
+    ``ReplaceBrokenOpsWithFunctionalOpsPass`` (view operators: ``ReplaceViewOpsWithViewCopyOpsPass``
+    ran before it). Inside this block either returns the graph unchanged when it holds none."""
+    from executorch.exir.pass_base import PassResult
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import (
+        ReplaceBrokenOpsWithFunctionalOpsPass,
+    )
+
+    decisions: list = []
+    patched = []
+    for cls, idle in ((NormalizeTransposePass, _no_transpose_t), (ReplaceBrokenOpsWithFunctionalOpsPass, _no_view_ops)):
+        original = cls.__dict__.get("call")
+
+        def call(self, graph_module, _cls=cls, _idle=idle):
+            if _idle(graph_module):
+                decisions.append((_cls.__name__, True))
+                return PassResult(graph_module, False)
+            decisions.append((_cls.__name__, False))
+            return super(_cls, self).call(graph_module)
+
+        cls.call = call
+        patched.append((cls, original))
+    try:
+        yield decisions
+    finally:
+        for cls, original in patched:
+            if original is None:
+                del cls.call
+            else:
+                cls.call = original
+
+
 @contextlib.contextmanager
 def faster_lowering(functional: Iterable = ()) -> Iterator[list]:
     """While active, ``to_edge_transform_and_lower`` preprocesses XNNPACK partitions in parallel,
     recompiles the partitioned module once, shares provenance records and skips idle decompositions
-    (``functional``: see ``skip_idle_decompositions``; ``ETSERVE_LOWER_SKIP_DECOMP=0`` runs them all).
+    (``functional``: see ``skip_idle_decompositions``) and edge passes (``ETSERVE_LOWER_SKIP_DECOMP=0``
+    runs them all).
     Yields that skipping's decisions (see the module docstring)."""
     skip = os.environ.get("ETSERVE_LOWER_SKIP_DECOMP", "1") != "0"
     with _parallel_preprocess(), _deferred_recompile(), shared_provenance(), \
-            (skip_idle_decompositions(functional) if skip else contextlib.nullcontext([])) as decisions:
+            (skip_idle_decompositions(functional) if skip else contextlib.nullcontext([])) as decisions, \
+            (skip_idle_edge_passes() if skip else contextlib.nullcontext([])):
         yield decisions

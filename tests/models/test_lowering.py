@@ -109,7 +109,7 @@ def test_idle_decompositions_are_skipped_and_busy_ones_run():
 
 def test_skipped_decompositions_lower_to_the_same_bytes():
     """``to_edge_transform_and_lower`` with both XNNPACK partitioners (as builds lower), with and
-    without skipping the idle decompositions: the same program, byte for byte."""
+    without skipping the idle decompositions and edge passes: the same program, byte for byte."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
@@ -126,9 +126,12 @@ def test_skipped_decompositions_lower_to_the_same_bytes():
     def lower(skip: bool):
         ep = _exported(M().eval(), torch.randn(3, 16)).run_decompositions({})
         partitioners = [XnnpackPartitioner(), XnnpackPartitioner()]
-        context = lowering.skip_idle_decompositions(functional=[ep]) if skip else contextlib.nullcontext([])
-        with context as decisions:
+        decompositions = lowering.skip_idle_decompositions(functional=[ep]) if skip else contextlib.nullcontext([])
+        edge_passes = lowering.skip_idle_edge_passes() if skip else contextlib.nullcontext([])
+        with decompositions as decisions, edge_passes as pass_decisions:
             program = to_edge_transform_and_lower(ep, partitioner=partitioners).to_executorch().buffer
+        assert not skip or pass_decisions == [("NormalizeTransposePass", True),
+                                              ("ReplaceBrokenOpsWithFunctionalOpsPass", True)]
         return program, decisions
 
     torch.manual_seed(0)
@@ -151,3 +154,33 @@ def test_pool_returns_in_order_and_leaves_no_workers():
         pytest.skip("no fork")
     assert lowering._map_in_pool(_square, 7, 2) == [i * i for i in range(7)]
     assert multiprocessing.active_children() == []  # closed and joined, not left to terminate
+
+
+def test_idle_edge_passes_are_skipped_and_busy_ones_run():
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+
+    def targets(gm):
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+    class Fn(torch.nn.Module):
+        def __init__(self, f):
+            super().__init__()
+            self.f = f
+
+        def forward(self, x):
+            return self.f(x)
+
+    def graph(f):
+        return _exported(Fn(f), torch.randn(3, 4)).run_decompositions({}).graph_module
+
+    before = NormalizeTransposePass.__dict__.get("call")
+    with lowering.skip_idle_edge_passes() as decisions:
+        plain = graph(lambda x: x.relu())
+        result = NormalizeTransposePass()(plain)
+        assert result.graph_module is plain and not result.modified
+        transposed = graph(lambda x: torch.t(x) * 2)
+        assert "aten.t.default" in targets(transposed)
+        result = NormalizeTransposePass()(transposed)
+        assert "aten.t_copy.default" in targets(result.graph_module)  # the pass ran
+    assert decisions == [("NormalizeTransposePass", True), ("NormalizeTransposePass", False)]
+    assert NormalizeTransposePass.__dict__.get("call") is before
