@@ -2,7 +2,6 @@
 #include "attention.h"
 
 #include "attention_amx.h"
-#include "kv_layout.h"
 #include "simd.h"
 
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
@@ -39,12 +38,6 @@ inline const float* load_row(const AttnOperand& x, int64_t b, int64_t s, int64_t
   }
   const float sc = x.scale[b * x.sc_sb + s * x.sc_ss + h * x.sc_sh];
   const int32_t zp = x.zero_point[b * x.zp_sb + s * x.zp_ss + h * x.zp_sh];
-  if (x.tiled != 0) {  // a cache in the AMX tile's layout (kv_layout.h): gather the row
-    alignas(64) int8_t row[64];
-    tiled_read(static_cast<KvLayout>(x.tiled), x.i8, x.hkv, s, h, row);
-    dequant_row(row, D, sc * mul, zp, buf);
-    return buf;
-  }
   dequant_row(x.i8 + b * x.sb + s * x.ss + h * x.sh, D, sc * mul, zp, buf);
   return buf;
 }
