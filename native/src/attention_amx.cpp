@@ -11,10 +11,11 @@
 // runs) or transposed from rows into a block buffer (caches in rows).
 //
 // Weighted sums, per block of 128 keys:
-// - one A block (decode) over tiled caches: P' = P * value scale in 22-bit
-//   fixed point relative to the row's largest, as three int8 digits, against
-//   the raw int8 value tiles (int32 sums per digit), combined in int64 with
-//   the zero-point term: nothing of the cache is converted at all;
+// - decode (at most 8 query vectors) over tiled caches: P' = P * value scale
+//   in 16-bit fixed point relative to the row's largest in the block, two
+//   unsigned digits stacked in one A tile, against the raw int8 value tiles
+//   (AMX-INT8), combined exactly in int32 with the zero-point term: nothing of
+//   the cache is converted at all (attend_block_decode);
 // - otherwise (prefill, or caches in rows): the values converted once per
 //   block to bf16 key pairs for every A block of the tile, P' split into bf16
 //   hi + lo, fp32 sums (AMX-BF16), the zero points subtracted after.
@@ -154,6 +155,13 @@ struct RowsI8 {
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     if (ss == 1) {
       _mm512_store_ps(sdst, _mm512_maskz_loadu_ps(live, scale + j));
+    } else if (ss == 2) {  // two kv heads interleaved: the even floats of two vectors
+      const int64_t span = n > 0 ? 2 * std::min<int64_t>(n, 16) - 1 : 0;
+      const __mmask16 m0 = span >= 16 ? __mmask16(0xffff) : __mmask16((1u << span) - 1u);
+      const __mmask16 m1 = span >= 32 ? __mmask16(0xffff) : span > 16 ? __mmask16((1u << (span - 16)) - 1u) : __mmask16(0);
+      const __m512 lo = _mm512_maskz_loadu_ps(m0, scale + 2 * j);
+      const __m512 hi = _mm512_maskz_loadu_ps(m1, scale + 2 * j + 16);
+      _mm512_store_ps(sdst, _mm512_maskz_permutex2var_ps(live, lo, _mm512_slli_epi32(lane, 1), hi));
     } else {
       const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ss)));
       _mm512_store_ps(sdst, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx, scale + j * ss, 4));
@@ -201,11 +209,11 @@ struct AmxScratch {
   uint16_t* phi;    // [16][kKB] probabilities times value scales, hi
   uint16_t* plo;    // [16][kKB] and lo
   float* ob;        // [16][64] the block's weighted sums
-  // tiled caches (kv_layout.h): P' in 22-bit fixed point per row, as three int8 digits
-  int8_t* pd;       // [3 digits][16][kKB]
-  int32_t* od;      // [3 digits][16][64] their integer weighted sums
+  // decode over tiled caches (kv_layout.h): P' in 16-bit fixed point per row, as two digits
+  int8_t* pd;       // [2 chunks][16 rows: 8 per digit][64 keys]
+  int32_t* od;      // [16][64] their integer weighted sums
   float* pu;        // [16] the fixed point's unit per row
-  int64_t* czi;     // [16] sum of P' (fixed point) * value zero point, exact
+  int32_t* czi;     // [16] sum of P' (fixed point) * value zero point, exact
   float* cz;        // [16] per row of the A block: sum of P' * zero point, for the raw values
   float* corr;      // [16]
   int64_t* lim;     // [rows]
@@ -225,7 +233,7 @@ AmxScratch* amx_scratch_new(int64_t rows, int64_t G) {
                           kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4, kKB * 4,
                           16 * 4, 16 * 4,
                           size_t(rows) * 8,
-                          3 * 16 * kKB, 3 * 16 * kD * 4, 16 * 4, 16 * 8, np * 4};
+                          2 * 16 * 64, 16 * kD * 4, 16 * 4, 16 * 4, np * 4};
   void** slots[] = {reinterpret_cast<void**>(&s->qd),   reinterpret_cast<void**>(&s->qs),
                     reinterpret_cast<void**>(&s->qsum), reinterpret_cast<void**>(&s->acc),
                     reinterpret_cast<void**>(&s->m),    reinterpret_cast<void**>(&s->l),
@@ -466,72 +474,13 @@ float softmax_row(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t 
   return corr;
 }
 
-// softmax_row for tiled caches: the same scores, running max and sum; then
-// P' = P * value scale in 22-bit fixed point relative to the row's largest
-// (unit sc->pu[i]), as three int8 digits in sc->pd over `chunks` 64-key
-// chunks (zero past `vis`), and sc->czi[i] = sum(P' * value zero point), exact.
-float softmax_row_i8(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t i, int64_t ones,
-                     int64_t t, int64_t vis, int64_t chunks, const float* mrow) {
-  float* srow = sc->s + i * kKB;
-  int8_t* p0 = sc->pd + i * kKB;
-  int8_t* p1 = p0 + 16 * kKB;
-  int8_t* p2 = p1 + 16 * kKB;
-  auto zero_from = [&](int64_t v0) {  // digits of 16-key vectors v0.. of the chunks
-    for (int64_t v = v0; v < 4 * chunks; ++v) {
-      _mm_store_si128(reinterpret_cast<__m128i*>(p0 + 16 * v), _mm_setzero_si128());
-      _mm_store_si128(reinterpret_cast<__m128i*>(p1 + 16 * v), _mm_setzero_si128());
-      _mm_store_si128(reinterpret_cast<__m128i*>(p2 + 16 * v), _mm_setzero_si128());
-    }
-  };
-  sc->czi[i] = 0;
-  sc->pu[i] = 0.f;
-  float mn, corr;
-  if (!new_max(sc, kb, i, ones, t, vis, mrow, srow, &mn, &corr)) {
-    zero_from(0);
-    return 1.f;
-  }
-  const int64_t nv = (vis + 15) / 16;
-  const __m512 vmn = _mm512_set1_ps(mn);
-  __m512 sum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
-  for (int64_t v = 0; v < nv; ++v) {
-    const int64_t rest = vis - 16 * v;
-    const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
-    const __m512 p = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), vmn)));
-    sum = _mm512_add_ps(sum, p);
-    const __m512 pv = _mm512_mul_ps(p, _mm512_load_ps(kb.sv + 16 * v));
-    _mm512_store_ps(srow + 16 * v, pv);
-    pmax = _mm512_max_ps(pmax, pv);
-  }
-  const float top = _mm512_reduce_max_ps(pmax);
-  const __m512 inv = _mm512_set1_ps(top > 0.f ? 4194304.f / top : 0.f);
-  const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
-  __m512i cz = _mm512_setzero_si512();  // 8 int64 lanes
-  for (int64_t v = 0; v < nv; ++v) {
-    const __m512i Q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(srow + 16 * v), inv));
-    const __m512i qz = _mm512_mullo_epi32(Q, _mm512_cvtps_epi32(_mm512_load_ps(kb.zv + 16 * v)));
-    cz = _mm512_add_epi64(cz, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(qz)));
-    cz = _mm512_add_epi64(cz, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(qz, 1)));
-    const __m512i e0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q, c128), c255), c128);
-    const __m512i Q1 = _mm512_srai_epi32(_mm512_sub_epi32(Q, e0), 8);
-    const __m512i e1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Q1, c128), c255), c128);
-    const __m512i e2 = _mm512_srai_epi32(_mm512_sub_epi32(Q1, e1), 8);
-    _mm_store_si128(reinterpret_cast<__m128i*>(p0 + 16 * v), _mm512_cvtepi32_epi8(e0));
-    _mm_store_si128(reinterpret_cast<__m128i*>(p1 + 16 * v), _mm512_cvtepi32_epi8(e1));
-    _mm_store_si128(reinterpret_cast<__m128i*>(p2 + 16 * v), _mm512_cvtepi32_epi8(e2));
-  }
-  zero_from(nv);
-  sc->l[t] = sc->l[t] * corr + _mm512_reduce_add_ps(sum);
-  sc->m[t] = mn;
-  sc->pu[i] = top / 4194304.f;
-  sc->czi[i] = _mm512_reduce_add_epi64(cz);
-  return corr;
-}
-
 // The cache lines of one block of tiled caches (kv head g, keys from p, a
 // multiple of 64), prefetched `n` at a time by next().
 struct Prefetch {
   const char* k[2] = {nullptr, nullptr};
   const char* v[2] = {nullptr, nullptr};
+  const char* par[4] = {nullptr, nullptr, nullptr, nullptr};  // key, value scales; zero points
+  int64_t par_bytes[4] = {0, 0, 0, 0};
   int blocks = 0, line = 0;  // 64 lines per 4 KB of keys and of values, per 64 keys
   void start(const AttnArgs& a, int64_t g, int64_t p, int64_t jmax) {
     blocks = 0;
@@ -541,78 +490,241 @@ struct Prefetch {
       v[e] = reinterpret_cast<const char*>(value_tile(a, g, p + 64 * e, 0));
       blocks = e + 1;
     }
+    // and the block's scales and zero points (batch 0; the rows of every head)
+    const int64_t n = blocks > 0 ? std::min<int64_t>(kKB, jmax - p) : 0;
+    const AttnOperand* ops[2] = {&a.k, &a.v};
+    for (int e = 0; e < 2; ++e) {
+      par[e] = reinterpret_cast<const char*>(ops[e]->scale + p * ops[e]->sc_ss);
+      par_bytes[e] = n * ops[e]->sc_ss * 4;
+      par[2 + e] = reinterpret_cast<const char*>(ops[e]->zero_point + p * ops[e]->zp_ss);
+      par_bytes[2 + e] = n * ops[e]->zp_ss;
+    }
   }
   void next(int n) {
+    if (line == 0) {  // the parameters first: the block's conversion reads them
+      for (int e = 0; e < 4; ++e)
+        for (int64_t o = 0; o < par_bytes[e]; o += 64) _mm_prefetch(par[e] + o, _MM_HINT_T1);
+    }
     for (; n > 0 && line < 64 * blocks; --n, ++line) {
       const int e = line / 64, o = (line % 64) * 64;
-      _mm_prefetch(k[e] + o, _MM_HINT_T0);
-      _mm_prefetch(v[e] + o, _MM_HINT_T0);
+      _mm_prefetch(k[e] + o, _MM_HINT_T1);
+      _mm_prefetch(v[e] + o, _MM_HINT_T1);
     }
   }
 };
 
-// The softmax and O += P V of one A block (rows t0.., M tile rows, `rows`
-// real) over block jb of tiled caches: P' as three int8 digits against the
-// raw int8 value tiles (AMX-INT8, exact int32 sums per digit), combined in
-// int64 with the zero-point term, then scaled into the fp32 accumulators.
-void attend_values_tiled(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t g,
-                         int64_t i0, int64_t jb, int64_t len, int64_t t0, int64_t rows, int M,
-                         int64_t G, int64_t chunks, Prefetch& pf) {
-  for (int64_t i = 0; i < M; ++i) {
-    const int64_t t = t0 + i;
-    const int64_t r = t / G;
-    const int64_t vis = i < rows ? std::clamp<int64_t>(sc->lim[r] - jb, 0, len) : 0;
-    const float* mrow = a.mask && vis > 0 ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
-    sc->corr[i] = softmax_row_i8(a, sc, kb, i, rows, t, vis, chunks, mrow);
+// 2^x for x <= 0 or -inf (-> 2^-126, ~1.2e-38): x = n + f, |f| <= 1/2, the
+// degree-6 Taylor polynomial of 2^f (relative error < 1.2e-7), 2^n by vscalefps.
+inline __m512 exp2_512(__m512 x) {
+  constexpr float c[6] = {1.5403530393381606e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f,
+                          5.5504108664821580e-2f, 2.4022650695910071e-1f, 6.9314718055994531e-1f};
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(c[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
+  return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f)), n);
+}
+
+// Decode over tiled caches (one A block of at most kDecodeRows query vectors,
+// t = i): block jb's softmax and O += P V, the running maxima sc->m in log2
+// units (attend_tile_amx converts them at the end).
+// - Scores: x = Q.K - zk sum(Q) - zq sum(K) + 64 zq zk from the int32 tile
+//   products (sc->sd) and the key sums (row `rows`), exact in fp32 (every term
+//   is an integer below 2^24), times the key scale; the query's scale and
+//   log2(e) (alpha) go into the exponent. Every row's scores first (pass 1),
+//   then every row's maximum and corrections at once, then the digits (pass 2):
+//   the rows' chains overlap.
+// - P' = P * value scale in 16-bit fixed point relative to the row's largest in
+//   the block, two unsigned digits (rounding: up to 2^-17 of that largest per
+//   key). Digit e of row i is row 8e + i of the A tile of its 64-key chunk:
+//   one TDPBUSD per chunk and 16 dims gives both digits' int32 sums against the
+//   raw int8 value tiles, 8 per block.
+// - sum(Q (v - zv)) = o0 + 256 o1 - sum(Q zv) is exact in int32 (|.| < 128 *
+//   65535 * 255 < 2^31), then scaled by the unit into the fp32 accumulators.
+constexpr int64_t kDecodeRows = 8;
+
+// The per-block key terms of decode_row.
+struct DecodeKeys {
+  alignas(64) float ksum[kKB];  // the key sums (exact)
+  alignas(64) int32_t zv[kKB];  // value zero points
+};
+
+// Row i of the A block over the block's first `vis` keys (kFull: all kKB of
+// them, no mask), pass 1: its scores before alpha into sc->s (-inf past vis);
+// returns their largest times alpha (-inf: nothing visible).
+template <bool kFull>
+inline float decode_scores(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& dk, int64_t i,
+                           int64_t vis, const float* mrow) {
+  constexpr int64_t kV = kKB / 16;
+  const int64_t nv = kFull ? kV : (vis + 15) / 16;
+  const __m512 zq = _mm512_set1_ps(static_cast<float>(sc->qz[i]));
+  const __m512 c = _mm512_set1_ps(static_cast<float>(sc->qsum[i] - 64 * sc->qz[i]));
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  float* x = sc->s + i * kKB;
+  __m512 mx = ninf;
+#pragma GCC unroll 8
+  for (int64_t v = 0; v < kV; ++v) {
+    if (!kFull && v >= nv) break;
+    __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(sc->sd + i * kKB + 16 * v));
+    s = _mm512_fnmadd_ps(zq, _mm512_load_ps(dk.ksum + 16 * v), s);
+    s = _mm512_fnmadd_ps(_mm512_load_ps(kb.zk + 16 * v), c, s);
+    s = _mm512_mul_ps(s, _mm512_load_ps(kb.sk + 16 * v));
+    if (!kFull) {
+      const int64_t rest = vis - 16 * v;
+      const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
+      // the additive mask is in the scores' units: divided by the query's scale
+      if (mrow) s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mrow + 16 * v), _mm512_set1_ps(1.f / sc->qs[i]), s);
+      s = _mm512_mask_mov_ps(ninf, k, s);
+    }
+    _mm512_store_ps(x + 16 * v, s);
+    mx = _mm512_max_ps(mx, s);
+  }
+  return _mm512_reduce_max_ps(mx) * (sc->qs[i] * 1.44269504088896341f);
+}
+
+// Pass 2: P' of row i as digits (see attend_block_decode), 2^(x alpha - bm)
+// summed into *sum, sum(Q zv) into *czi; returns the unit of Q before the
+// block's scale against the row's maximum.
+template <bool kFull>
+inline float decode_probs(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& dk, int64_t i,
+                          int64_t vis, int64_t chunks, float bm, float* sum, int32_t* czi) {
+  constexpr int64_t kV = kKB / 16;
+  const int64_t nv = kFull ? kV : (vis + 15) / 16;
+  const __m512 alpha = _mm512_set1_ps(sc->qs[i] * 1.44269504088896341f), vbm = _mm512_set1_ps(bm);
+  float* x = sc->s + i * kKB;
+  __m512 acc = _mm512_setzero_ps(), top = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int64_t v = 0; v < kV; ++v) {
+    if (!kFull && v >= nv) break;
+    const __m512 p = exp2_512(_mm512_fmsub_ps(_mm512_load_ps(x + 16 * v), alpha, vbm));  // <= 1; -inf: ~1e-38
+    acc = _mm512_add_ps(acc, p);
+    const __m512 pv = _mm512_mul_ps(p, _mm512_load_ps(kb.sv + 16 * v));
+    _mm512_store_ps(x + 16 * v, pv);
+    top = _mm512_max_ps(top, pv);
+  }
+  const float t = _mm512_reduce_max_ps(top);
+  const __m512 inv = _mm512_set1_ps(t > 0.f ? 65535.f / t : 0.f);
+  __m512i cz = _mm512_setzero_si512();
+  int8_t* row = sc->pd + i * 64;
+#pragma GCC unroll 8
+  for (int64_t v = 0; v < kV; ++v) {
+    if (!kFull && v >= nv) break;
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(x + 16 * v), inv));  // 0..65535
+    cz = _mm512_add_epi32(cz, _mm512_mullo_epi32(q, _mm512_load_si512(dk.zv + 16 * v)));
+    int8_t* dst = row + (v / 4) * 1024 + (v % 4) * 16;
+    _mm_store_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(q));
+    _mm_store_si128(reinterpret_cast<__m128i*>(dst + 512), _mm512_cvtepi32_epi8(_mm512_srli_epi32(q, 8)));
+  }
+  if (!kFull) {
+    for (int64_t v = nv; v < 4 * chunks; ++v) {  // keys past vis in the chunks the tiles read
+      int8_t* dst = row + (v / 4) * 1024 + (v % 4) * 16;
+      _mm_store_si128(reinterpret_cast<__m128i*>(dst), _mm_setzero_si128());
+      _mm_store_si128(reinterpret_cast<__m128i*>(dst + 512), _mm_setzero_si128());
+    }
+  }
+  *sum = _mm512_reduce_add_ps(acc);
+  *czi = _mm512_reduce_add_epi32(cz);
+  return t / 65535.f;
+}
+
+void attend_block_decode(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t g,
+                         int64_t i0, int64_t jb, int64_t len, int64_t rows, int64_t G,
+                         int64_t vis_max, Prefetch& pf) {
+  const int64_t nv_max = (vis_max + 15) / 16, chunks = (vis_max + 63) / 64;
+  DecodeKeys dk;
+  for (int64_t v = 0; v < nv_max; ++v) {
+    _mm512_store_ps(dk.ksum + 16 * v, _mm512_cvtepi32_ps(_mm512_load_si512(sc->sd + rows * kKB + 16 * v)));
+    _mm512_store_si512(dk.zv + 16 * v, _mm512_cvtps_epi32(_mm512_load_ps(kb.zv + 16 * v)));
+  }
+  // Pass 1, every row: the scores and each row's largest.
+  alignas(64) float bm[16];
+  int64_t vis[kDecodeRows];
+  const float* mrow[kDecodeRows];
+  bool full = true;
+  std::fill(bm, bm + 16, -INFINITY);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = i / G;
+    const int64_t n = std::clamp<int64_t>(sc->lim[r] - jb, 0, len);
+    mrow[i] = a.mask ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
+    vis[i] = n;
+    full = full && n == kKB && mrow[i] == nullptr;
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    if (full) {
+      bm[i] = decode_scores<true>(sc, kb, dk, i, kKB, nullptr);
+    } else if (vis[i] > 0) {
+      bm[i] = decode_scores<false>(sc, kb, dk, i, vis[i], mrow[i]);
+    }
     pf.next(8);
   }
-  // Tiles 0-2: the three digits' sums for 16 dims; 3-5: the digits of a
-  // 64-key chunk; 6, 7: value tiles, alternating.
+  // The rows' new maxima, the corrections of what they had, and each block's
+  // scale against its row's maximum, 16 rows at once.
+  const __m512 mo = _mm512_load_ps(sc->m), vbm = _mm512_load_ps(bm), ninf = _mm512_set1_ps(-INFINITY);
+  const __m512 mn = _mm512_max_ps(mo, vbm);
+  const __mmask16 had = _mm512_cmp_ps_mask(mo, ninf, _CMP_GT_OQ), sees = _mm512_cmp_ps_mask(vbm, ninf, _CMP_GT_OQ);
+  alignas(64) float corr[16], below[16];
+  _mm512_store_ps(corr, _mm512_mask_blend_ps(had, _mm512_setzero_ps(), exp2_512(_mm512_sub_ps(mo, mn))));
+  _mm512_store_ps(below, _mm512_maskz_mov_ps(sees, exp2_512(_mm512_sub_ps(vbm, mn))));
+  // Pass 2, every row that sees a key: the digits.
+  for (int64_t i = 0; i < rows; ++i) {
+    sc->corr[i] = 1.f;
+    sc->pu[i] = 0.f;  // the row's digits (whatever they hold) count for nothing
+    sc->czi[i] = 0;
+    if (!(bm[i] > -INFINITY)) continue;
+    float sum, unit;
+    if (full) {
+      unit = decode_probs<true>(sc, kb, dk, i, kKB, chunks, bm[i], &sum, &sc->czi[i]);
+    } else {
+      unit = decode_probs<false>(sc, kb, dk, i, vis[i], chunks, bm[i], &sum, &sc->czi[i]);
+    }
+    sc->l[i] = sc->l[i] * corr[i] + sum * below[i];
+    sc->m[i] = bm[i] > sc->m[i] ? bm[i] : sc->m[i];
+    sc->corr[i] = corr[i];
+    sc->pu[i] = unit * below[i];
+    pf.next(8);
+  }
+  // Tiles 2, 3: the digits of chunks 0 and 1 (16 rows); 0, 1, 4, 5: the sums
+  // for dims 0-15 .. 48-63; 6, 7: the value tiles of the two chunks.
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_loadd(2, sc->pd, 64);
+  if (chunks > 1) _tile_loadd(3, sc->pd + 1024, 64);
   for (int dg = 0; dg < 4; ++dg) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    for (int64_t c = 0; c < chunks; ++c) {
-      _tile_loadd(3, sc->pd + 64 * c, kKB);
-      _tile_loadd(4, sc->pd + 16 * kKB + 64 * c, kKB);
-      _tile_loadd(5, sc->pd + 32 * kKB + 64 * c, kKB);
-      if (c % 2 == 0) {
-        _tile_loadd(6, value_tile(a, g, jb + 64 * c, dg), 256);
-        _tile_dpbssd(0, 3, 6);
-        _tile_dpbssd(1, 4, 6);
-        _tile_dpbssd(2, 5, 6);
-      } else {
-        _tile_loadd(7, value_tile(a, g, jb + 64 * c, dg), 256);
-        _tile_dpbssd(0, 3, 7);
-        _tile_dpbssd(1, 4, 7);
-        _tile_dpbssd(2, 5, 7);
+    _tile_loadd(6, value_tile(a, g, jb, dg), 256);
+    switch (dg) {  // tile numbers are immediates
+      case 0: _tile_dpbusd(0, 2, 6); break;
+      case 1: _tile_dpbusd(1, 2, 6); break;
+      case 2: _tile_dpbusd(4, 2, 6); break;
+      default: _tile_dpbusd(5, 2, 6); break;
+    }
+    if (chunks > 1) {
+      _tile_loadd(7, value_tile(a, g, jb + 64, dg), 256);
+      switch (dg) {
+        case 0: _tile_dpbusd(0, 3, 7); break;
+        case 1: _tile_dpbusd(1, 3, 7); break;
+        case 2: _tile_dpbusd(4, 3, 7); break;
+        default: _tile_dpbusd(5, 3, 7); break;
       }
     }
-    _tile_stored(0, sc->od + 16 * dg, kD * 4);
-    _tile_stored(1, sc->od + 16 * kD + 16 * dg, kD * 4);
-    _tile_stored(2, sc->od + 32 * kD + 16 * dg, kD * 4);
-    pf.next(8);
   }
+  _tile_stored(0, sc->od + 0, kD * 4);
+  _tile_stored(1, sc->od + 16, kD * 4);
+  _tile_stored(4, sc->od + 32, kD * 4);
+  _tile_stored(5, sc->od + 48, kD * 4);
   pf.next(128);  // the rest
   for (int64_t i = 0; i < rows; ++i) {
-    float* acc = sc->acc + (t0 + i) * kD;
+    float* acc = sc->acc + i * kD;
     const int32_t* o0 = sc->od + i * kD;
-    const int32_t* o1 = o0 + 16 * kD;
-    const int32_t* o2 = o1 + 16 * kD;
-    const __m512d u = _mm512_set1_pd(sc->pu[i]);
-    const __m512i cz = _mm512_set1_epi64(sc->czi[i]);
-    const __m512 c = _mm512_set1_ps(sc->corr[i]);
+    const int32_t* o1 = sc->od + (8 + i) * kD;
+    const __m512 u = _mm512_set1_ps(sc->pu[i]), corr = _mm512_set1_ps(sc->corr[i]);
+    const __m512i cz = _mm512_set1_epi32(sc->czi[i]);
     for (int d = 0; d < kD; d += 16) {
-      __m256 half[2];
-      for (int h = 0; h < 2; ++h) {
-        const int e = d + 8 * h;
-        __m512i x = _mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(o0 + e)));
-        x = _mm512_add_epi64(x, _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(o1 + e))), 8));
-        x = _mm512_add_epi64(x, _mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(o2 + e))), 16));
-        half[h] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(x, cz)), u));
-      }
-      const __m512 o = _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);
-      _mm512_store_ps(acc + d, _mm512_fmadd_ps(_mm512_load_ps(acc + d), c, o));
+      __m512i x = _mm512_add_epi32(_mm512_load_si512(o0 + d), _mm512_slli_epi32(_mm512_load_si512(o1 + d), 8));
+      const __m512 o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(x, cz)), u);
+      _mm512_store_ps(acc + d, _mm512_fmadd_ps(_mm512_load_ps(acc + d), corr, o));
     }
   }
 }
@@ -623,12 +735,13 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
                      int64_t j1, AmxScratch* sc, float* part_m, float* part_l, float* part_acc) {
   const int64_t G = a.H / a.Hkv, NQ = R * G;
   const int64_t n_mb = (NQ + kMq - 1) / kMq;
-  const int M = static_cast<int>(std::min<int64_t>(kM, NQ + 1));  // tile rows: decode has G + 1
   // Tiled caches and one A block (decode): P V in int8 straight from the value
   // tiles; for more (prefill) converting each block's values to bf16 once for
   // all of them is cheaper.
   const bool tiled = a.k.tiled != 0;  // then a.v.tiled too: the keys need no conversion
-  const bool int8_pv = tiled && n_mb == 1;
+  const bool int8_pv = tiled && NQ <= kDecodeRows;
+  // Tile rows: decode stacks its two digits (16); otherwise the query vectors and the ones.
+  const int M = int8_pv ? kM : static_cast<int>(std::min<int64_t>(kM, NQ + 1));
   int64_t jmax = j0;
   for (int64_t r = 0; r < R; ++r) {
     int64_t lim = a.n_kv;
@@ -718,7 +831,7 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
         next_done = true;
       }
       if (int8_pv) {
-        attend_values_tiled(a, sc, kb, g, i0, jb, len, t0, rows, M, G, (vis_max + 63) / 64, pf);
+        attend_block_decode(a, sc, kb, g, i0, jb, len, rows, G, vis_max, pf);
         continue;
       }
       for (int64_t i = 0; i < M; ++i) {
@@ -769,6 +882,8 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
       convert_block(a, b, g, jb + kKB, std::min<int64_t>(kKB, jmax - jb - kKB), sc->blk[((jb - j0) / kKB + 1) % 2], !int8_pv);
   }
   _tile_release();
+  if (int8_pv)  // its maxima are in log2 units
+    for (int64_t t = 0; t < NQ; ++t) sc->m[t] *= 0.693147180559945309f;
 
   for (int64_t t = 0; t < NQ; ++t) {
     const float* acc = sc->acc + t * kD;
