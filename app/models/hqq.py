@@ -22,21 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List
+
+from .cpus import usable_cpus
 
 # sha256 of the source of torchao's function this reimplements (torchao 0.18.0): another version runs as is
 LIBRARY_SOURCE_SHA256 = "10aca3ea066078ff17df18ba80a98a28301462eb7ada52191f9ac6f24337c2c4"
 ROWS = 256  # rows per block: 256 x 896 fp32 is under 1 MB
-
-
-def _threads() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, int(os.environ.get("ETSERVE_HQQ_THREADS", "2"))))
 
 
 def source_matches(fn: Callable) -> bool:
@@ -95,7 +88,7 @@ def scale_only_hqq(hp_tensor, block_size: List[int], qmin: int, qmax: int, *, it
         qg = (blocks[i] / scale[a:b].unsqueeze(-1)).round().clamp(qmin, qmax)
         qdata[a:b] = qg.view(b - a, k).to(torch.int32)
 
-    threads = threads or _threads()
+    threads = threads or usable_cpus("ETSERVE_HQQ_THREADS")
     saved = torch.get_num_threads()
     pool = ThreadPoolExecutor(threads) if threads > 1 and len(spans) > 1 else None
 

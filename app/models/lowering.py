@@ -40,15 +40,9 @@ import os
 import weakref
 from typing import Any, Iterable, Iterator
 
+from .cpus import usable_cpus
+
 _JOBS: list = []  # (backend class, program, compile specs) of the running preprocess, read by the workers
-
-
-def _workers() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, int(os.environ.get("ETSERVE_LOWER_WORKERS", "2"))))
 
 
 def _worker_init() -> None:
@@ -66,7 +60,7 @@ def _preprocess_job(i: int):
 def _parallel_preprocess() -> Iterator[None]:
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
-    workers = _workers()
+    workers = usable_cpus("ETSERVE_LOWER_WORKERS")
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         yield
         return
