@@ -78,3 +78,31 @@ def source_gguf(name: str = DEFAULT_MODEL) -> Path:
     from app.models.registry import get_spec
 
     return locate_gguf(get_spec(name))
+
+
+def kv_bytes_per_position(directory: Path) -> int:
+    """The K and V caches of every layer for one position: fp32, or (an int8 build's
+    ExecuTorch quantized cache) int8 values with an fp32 scale and an int8 zero point per kv
+    head."""
+    params = model_json(directory, "params.json")
+    manifest = model_json(directory, "etserve.json")
+    int8 = manifest.get("kv_cache", "int8" if "-kv8" in directory.name else "fp32") == "int8"
+    per_head = params["head_dim"] + 4 + 1 if int8 else params["head_dim"] * 4
+    return params["n_layers"] * 2 * params["n_kv_heads"] * per_head
+
+
+def bytes_per_token(directory: Path, fill: int) -> float:
+    """Bytes a decode step must read from memory at context `fill`, estimated from the build:
+    every weight once, except the embedding table, of which one row is read per token (the
+    table is the largest tensor in these small models; a tied output projection is stored as
+    its own copy in the .pte, so it stays counted), plus the K and V caches up to `fill`
+    (every layer; the custom-op kernels read the filled part only). Activations are small and
+    stay in cache. So: .pte size - embedding table + fill * KV bytes per position."""
+    params = model_json(directory, "params.json")
+    manifest = model_json(directory, "etserve.json")
+    vocab, dim = params["vocab_size"], params["dim"]
+    if manifest.get("embedding_quantize", "4bit" if "-e4" in directory.name else "none") == "4bit":
+        table = vocab * dim / 2 + vocab * dim / 32 * 4  # int4 values + an fp32 scale per group of 32
+    else:
+        table = vocab * dim * 4
+    return (directory / "model.pte").stat().st_size - table + fill * kv_bytes_per_position(directory)

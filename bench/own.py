@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.client import HealthPoller, stream
-from bench.models import is_built, label, model_json, plain_of
+from bench.models import bytes_per_token, is_built, label, model_json, plain_of
 from bench.prompts import code_prompt, load_tokenizer
 from bench.decoding import fills_within
 from bench.servers import EtServe
@@ -43,24 +43,6 @@ BANDWIDTH = "bandwidth use"
 FILL_CUSTOM = "decode by fill (custom ops)"
 FILL_PORTABLE = "decode by fill (portable ops)"
 VS_ET_KERNELS = "vs ExecuTorch kernels"
-
-
-def bytes_per_token(directory: Path, fill: int) -> float:
-    """Bytes a decode step must read from memory at context `fill`, estimated from the build:
-    every weight once, except the embedding table, of which one row is read per token (the
-    table is the largest tensor in these small models; a tied output projection is stored as
-    its own copy in the .pte, so it stays counted), plus the K and V caches up to `fill`
-    (fp32, every layer; the custom-op kernels read the filled part only). Activations are
-    small and stay in cache. So: .pte size - embedding table + fill * KV bytes per position."""
-    params = model_json(directory, "params.json")
-    manifest = model_json(directory, "etserve.json")
-    vocab, dim = params["vocab_size"], params["dim"]
-    if manifest.get("embedding_quantize", "4bit" if "-e4" in directory.name else "none") == "4bit":
-        table = vocab * dim / 2 + vocab * dim / 32 * 4  # int4 values + an fp32 scale per group of 32
-    else:
-        table = vocab * dim * 4
-    kv_per_position = params["n_layers"] * 2 * params["n_kv_heads"] * params["head_dim"] * 4
-    return (directory / "model.pte").stat().st_size - table + fill * kv_per_position
 
 
 def decode_prompt(directory: Path, seed: str, tokens: int) -> tuple[str, list[int], dict[str, float]]:
