@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace etserve {
@@ -45,11 +46,58 @@ inline const float* load_row(const AttnOperand& x, int64_t b, int64_t s, int64_t
 // Per-thread work space of one tile: R rows x G heads = NQ query vectors.
 struct Scratch {
   std::vector<float> q, s, acc, m, l, kf, vf;
+  // int8 keys and values: a block's rows less their zero points (kf, vf), their
+  // scales, and the weights of the value rows (pw)
+  std::vector<float> ksc, vsc, pw;
+  // int8 queries and keys: both less their zero points as int16 (qi, ki), the
+  // queries' scales (qf), a block's exact dot products (di)
+  std::vector<int16_t> qi, ki;
+  std::vector<float> qf;
+  std::vector<int32_t> di;
   std::vector<int64_t> lim;
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
-        vf(kKeyBlock * D), lim(rows) {}
+        vf(kKeyBlock * D), ksc(kKeyBlock), vsc(kKeyBlock), pw(kKeyBlock), qi(nq * D),
+        ki(kKeyBlock * D), qf(nq), di(kKeyBlock), lim(rows) {}
 };
+
+// Rows [j, end) of kv head g of the int8 keys and values asked for one row at a
+// time while the kernel converts the block before (in a burst, the prefetches
+// would wait for free miss buffers and hold up the work behind them).
+struct RowPrefetch {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int64_t kss = 0, vss = 0, j = 0, end = 0;
+  RowPrefetch(const AttnArgs& a, int64_t b, int64_t g, int64_t j0, int64_t j1) : j(j0), end(j1) {
+    if (a.k.i8 != nullptr) k = reinterpret_cast<const char*>(a.k.i8 + b * a.k.sb + g * a.k.sh), kss = a.k.ss;
+    if (a.v.i8 != nullptr) v = reinterpret_cast<const char*>(a.v.i8 + b * a.v.sb + g * a.v.sh), vss = a.v.ss;
+  }
+  void next() {
+    if (j >= end) return;
+    if (k) __builtin_prefetch(k + j * kss, 0, 2);
+    if (v) __builtin_prefetch(v + j * vss, 0, 2);
+    ++j;
+  }
+};
+
+// Rows [j0, j0 + n) of head h of an int8 operand less their zero points, as
+// floats or int16 (T) into dst (row stride D), their scales into sc.
+template <typename T>
+void raw_rows(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h, int64_t D,
+              T* dst, float* sc, RowPrefetch* pf = nullptr) {
+  const int8_t* data = x.i8 + b * x.sb + h * x.sh;
+  const float* scale = x.scale + b * x.sc_sb + h * x.sc_sh;
+  const int8_t* zero = x.zero_point + b * x.zp_sb + h * x.zp_sh;
+  for (int64_t j = 0; j < n; ++j) {
+    if constexpr (std::is_same_v<T, float>) {
+      int8_to_float(data + (j0 + j) * x.ss, D, zero[(j0 + j) * x.zp_ss], dst + j * D);
+    } else {
+      int8_to_int16(data + (j0 + j) * x.ss, D, zero[(j0 + j) * x.zp_ss], dst + j * D);
+    }
+    sc[j] = scale[(j0 + j) * x.sc_ss];
+    if (pf) pf->next();
+  }
+}
 
 // Where a tile's results go: normalized into the output, or (key-split
 // decode) per query vector the running max, the sum of exponentials and the
@@ -81,6 +129,18 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       if (src != dst) std::copy(src, src + D, dst);
     }
   }
+  // int8 keys and values are read less their zero points (exact), their scales
+  // applied to the scores and to the weights instead of to every element; with
+  // int8 queries too, the scores' dot products are exact in int32.
+  const bool k8 = a.k.f32 == nullptr, v8 = a.v.f32 == nullptr;
+  const bool exact = k8 && a.q.f32 == nullptr;
+  if (exact) {
+    for (int64_t r = 0; r < R; ++r) {
+      raw_rows(a.q, b, i0 + r, 1, g * G, D, sc.qi.data() + r * G * D, sc.qf.data() + r * G);
+      for (int64_t h = 1; h < G; ++h)
+        raw_rows(a.q, b, i0 + r, 1, g * G + h, D, sc.qi.data() + (r * G + h) * D, sc.qf.data() + r * G + h);
+    }
+  }
   std::fill(acc, acc + NQ * D, 0.f);
   std::fill(m, m + NQ, -INFINITY);
   std::fill(l, l + NQ, 0.f);
@@ -90,11 +150,17 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
     // Key rows of the block (fp32 in place, or dequantized once for the tile).
     const float* kp;
     int64_t ks;
+    // The rows of the block after the next, on their way while this one is worked.
+    RowPrefetch pf(a, b, g, jb + 2 * kKeyBlock, std::min(jb + 3 * kKeyBlock, jmax));
     if (a.k.f32 != nullptr) {
       kp = a.k.f32 + b * a.k.sb + jb * a.k.ss + g * a.k.sh;
       ks = a.k.ss;
+    } else if (exact) {
+      raw_rows(a.k, b, jb, len, g, D, sc.ki.data(), sc.ksc.data(), &pf);
+      kp = nullptr;
+      ks = D;
     } else {
-      for (int64_t jj = 0; jj < len; ++jj) load_row(a.k, b, jb + jj, g, D, sc.kf.data() + jj * D);
+      raw_rows(a.k, b, jb, len, g, D, sc.kf.data(), sc.ksc.data(), &pf);
       kp = sc.kf.data();
       ks = D;
     }
@@ -106,10 +172,20 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       for (int64_t h = 0; h < G; ++h) {
         const int64_t t = r * G + h;
         float* srow = sc.s.data() + t * kKeyBlock;
-        const float* qv = qs + t * D;
         int64_t j = 0;
+        if (exact) {
+          const int16_t* qv = sc.qi.data() + t * D;
+          const int16_t* kv = sc.ki.data();
+          int32_t* di = sc.di.data();
+          for (; j + 8 <= vis; j += 8) dot8_i16(qv, kv + j * D, D, D, di + j);
+          for (; j < vis; ++j) di[j] = dot1_i16(qv, kv + j * D, D);
+          scale_ints(di, sc.ksc.data(), sc.qf[t] * a.scale, vis, srow);
+          continue;
+        }
+        const float* qv = qs + t * D;
         for (; j + 8 <= vis; j += 8) dot8(qv, kp + j * ks, ks, D, srow + j);
         for (; j < vis; ++j) srow[j] = dot1(qv, kp + j * ks, D);
+        if (k8) mul_elems(srow, sc.ksc.data(), vis, srow);
       }
     }
     if (vis_max == 0) continue;
@@ -141,7 +217,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       vp = a.v.f32 + b * a.v.sb + jb * a.v.ss + g * a.v.sh;
       vs = a.v.ss;
     } else {
-      for (int64_t jj = 0; jj < vis_max; ++jj) load_row(a.v, b, jb + jj, g, D, sc.vf.data() + jj * D);
+      raw_rows(a.v, b, jb, vis_max, g, D, sc.vf.data(), sc.vsc.data());
       vp = sc.vf.data();
       vs = D;
     }
@@ -150,7 +226,13 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       if (vis == 0) continue;
       for (int64_t h = 0; h < G; ++h) {
         const int64_t t = r * G + h;
-        weighted_acc(sc.s.data() + t * kKeyBlock, vis, vp, vs, D, acc + t * D);
+        const float* p = sc.s.data() + t * kKeyBlock;
+        if (!v8) {
+          weighted_acc(p, vis, vp, vs, D, acc + t * D);
+          continue;
+        }
+        mul_elems(p, sc.vsc.data(), vis, sc.pw.data());
+        weighted_acc(sc.pw.data(), vis, vp, vs, D, acc + t * D);
       }
     }
   }

@@ -297,6 +297,89 @@ inline void dequant_row(const int8_t* x, int64_t n, float scale, int32_t zero_po
   for (; d < n; ++d) dst[d] = (static_cast<float>(x[d]) - static_cast<float>(zero_point)) * scale;
 }
 
+// dst[0..n) = x[0..n) - zero_point as floats (exact: integers below 2^8): an
+// int8 row without its scale (the attention kernel applies that to scores and
+// probabilities instead).
+inline void int8_to_float(const int8_t* x, int64_t n, int32_t zero_point, float* dst) {
+  int64_t d = 0;
+#ifdef ETS_AVX2
+  const __m256i z = _mm256_set1_epi32(zero_point);
+  for (; d + 8 <= n; d += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + d));
+    _mm256_storeu_ps(dst + d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepi8_epi32(b), z)));
+  }
+#endif
+  for (; d < n; ++d) dst[d] = static_cast<float>(x[d] - zero_point);
+}
+
+// dst[0..n) = x[0..n) - zero_point as int16 (exact).
+inline void int8_to_int16(const int8_t* x, int64_t n, int32_t zero_point, int16_t* dst) {
+  int64_t d = 0;
+#ifdef ETS_AVX2
+  const __m256i z = _mm256_set1_epi16(static_cast<int16_t>(zero_point));
+  for (; d + 16 <= n; d += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + d));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), _mm256_sub_epi16(_mm256_cvtepi8_epi16(b), z));
+  }
+#endif
+  for (; d < n; ++d) dst[d] = static_cast<int16_t>(x[d] - zero_point);
+}
+
+// res[r] = dot(q, k + r * ks) for r in 0..8, exact in int32 for |q|, |k| < 2^9
+// and n <= 2^13 (products below 2^18).
+inline void dot8_i16(const int16_t* q, const int16_t* k, int64_t ks, int64_t n, int32_t* res) {
+  int64_t d = 0;
+#ifdef ETS_AVX2
+  __m256i a[8];
+  for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_si256();
+  for (; d + 16 <= n; d += 16) {
+    const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + d));
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r)
+      a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(qv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + r * ks + d))));
+  }
+  // eight horizontal sums: lane r of the result is the sum of a[r]
+  const __m256i s01 = _mm256_hadd_epi32(a[0], a[1]), s23 = _mm256_hadd_epi32(a[2], a[3]);
+  const __m256i s45 = _mm256_hadd_epi32(a[4], a[5]), s67 = _mm256_hadd_epi32(a[6], a[7]);
+  const __m256i s0123 = _mm256_hadd_epi32(s01, s23), s4567 = _mm256_hadd_epi32(s45, s67);
+  const __m256i lo = _mm256_permute2x128_si256(s0123, s4567, 0x20);
+  const __m256i hi = _mm256_permute2x128_si256(s0123, s4567, 0x31);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(res), _mm256_add_epi32(lo, hi));
+#else
+  for (int r = 0; r < 8; ++r) res[r] = 0;
+#endif
+  for (; d < n; ++d)
+    for (int r = 0; r < 8; ++r) res[r] += q[d] * k[r * ks + d];
+}
+
+inline int32_t dot1_i16(const int16_t* q, const int16_t* k, int64_t n) {
+  int32_t s = 0;
+  for (int64_t d = 0; d < n; ++d) s += q[d] * k[d];
+  return s;
+}
+
+// s[j] = x[j] * scale[j] * c for j < n: exact integer scores to floats.
+inline void scale_ints(const int32_t* x, const float* scale, float c, int64_t n, float* s) {
+  int64_t j = 0;
+#ifdef ETS_AVX2
+  const __m256 vc = _mm256_set1_ps(c);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j)));
+    _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_mul_ps(f, _mm256_loadu_ps(scale + j)), vc));
+  }
+#endif
+  for (; j < n; ++j) s[j] = static_cast<float>(x[j]) * scale[j] * c;
+}
+
+// out[j] = a[j] * b[j] for j < n (out may be a).
+inline void mul_elems(const float* a, const float* b, int64_t n, float* out) {
+  int64_t j = 0;
+#ifdef ETS_AVX2
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)));
+#endif
+  for (; j < n; ++j) out[j] = a[j] * b[j];
+}
+
 // x[0..n) *= s.
 inline void scale_row(float* x, int64_t n, float s) {
   int64_t d = 0;
