@@ -118,27 +118,26 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
   float* m = sc.m.data();
   float* l = sc.l.data();
   int64_t jmax = j0;
+  // int8 keys and values are read less their zero points (exact), their scales
+  // applied to the scores and to the weights instead of to every element; with
+  // int8 queries too, the scores' dot products are exact in int32 (the queries
+  // as int16 then, not floats).
+  const bool k8 = a.k.f32 == nullptr, v8 = a.v.f32 == nullptr;
+  const bool exact = k8 && a.q.f32 == nullptr;
   for (int64_t r = 0; r < R; ++r) {
     int64_t lim = a.n_kv;
     if (a.causal) lim = std::min(lim, a.start_pos + i0 + r + 1);
     sc.lim[r] = std::min(lim, j1);
     jmax = std::max(jmax, sc.lim[r]);
     for (int64_t h = 0; h < G; ++h) {
-      float* dst = qs + (r * G + h) * D;
+      const int64_t t = r * G + h;
+      if (exact) {
+        raw_rows(a.q, b, i0 + r, 1, g * G + h, D, sc.qi.data() + t * D, sc.qf.data() + t);
+        continue;
+      }
+      float* dst = qs + t * D;
       const float* src = load_row(a.q, b, i0 + r, g * G + h, D, dst, a.scale);
       if (src != dst) std::copy(src, src + D, dst);
-    }
-  }
-  // int8 keys and values are read less their zero points (exact), their scales
-  // applied to the scores and to the weights instead of to every element; with
-  // int8 queries too, the scores' dot products are exact in int32.
-  const bool k8 = a.k.f32 == nullptr, v8 = a.v.f32 == nullptr;
-  const bool exact = k8 && a.q.f32 == nullptr;
-  if (exact) {
-    for (int64_t r = 0; r < R; ++r) {
-      raw_rows(a.q, b, i0 + r, 1, g * G, D, sc.qi.data() + r * G * D, sc.qf.data() + r * G);
-      for (int64_t h = 1; h < G; ++h)
-        raw_rows(a.q, b, i0 + r, 1, g * G + h, D, sc.qi.data() + (r * G + h) * D, sc.qf.data() + r * G + h);
     }
   }
   std::fill(acc, acc + NQ * D, 0.f);
@@ -147,7 +146,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
 
   for (int64_t jb = j0; jb < jmax; jb += kKeyBlock) {
     const int64_t len = std::min(kKeyBlock, jmax - jb);
-    // Key rows of the block (fp32 in place, or dequantized once for the tile).
+    // Key rows of the block (fp32 in place, or converted once for the tile).
     const float* kp;
     int64_t ks;
     // The rows of the block after the next, on their way while this one is worked.
