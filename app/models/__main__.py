@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .registry import (EMBEDDING_QUANTIZE_CHOICES, KV_CACHE_CHOICES, MODELS, OUTPUT_QUANTIZE_CHOICES, QUANTIZE_CHOICES,
+from .registry import (EMBEDDING_QUANTIZE_CHOICES, KV_CACHE_CHOICES, LINEAR_KERNEL_CHOICES, MODELS, OUTPUT_QUANTIZE_CHOICES, QUANTIZE_CHOICES,
                        model_dir, resolve_options)
 
 
@@ -22,6 +22,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache storage (default per model; int8 needs the custom ops)")
     p.add_argument("--output-quantize", choices=OUTPUT_QUANTIZE_CHOICES, default=None,
                    help="output projection: as the other linears, or 8-bit per row (default per model)")
+    p.add_argument("--linear-kernel", choices=LINEAR_KERNEL_CHOICES, default=None,
+                   help="who runs the 4-bit linears: our kernel or XNNPACK's (default: etserve)")
     p.add_argument("--custom-ops", action=argparse.BooleanOptionalAction, default=None,
                    help="export with llama::custom_sdpa / llama::update_cache")
     p.add_argument("--out", default=None, help="model directory (default: under the cache root)")
@@ -76,7 +78,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 1
         return 0
     opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops, args.embedding_quantize,
-                           args.kv_cache, args.output_quantize)
+                           args.kv_cache, args.output_quantize, args.linear_kernel)
     out = model_dir(args.name, opts, args.out)
     if args.command == "path":
         print(out)

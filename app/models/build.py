@@ -112,7 +112,8 @@ def build(
         # without export_llama's second torch.export (a quarter of the wall time): the same bytes
         # (tests/models/test_pipeline.py), now that the mask-free attention holds no mask tensor
         pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
-                                verbose=verbose, output_8bit=options.output_quantize == "8bit")
+                                verbose=verbose, output_8bit=options.output_quantize == "8bit",
+                                native_linears=options.linear_kernel == "etserve")
         export_seconds = sum(r.seconds for r in stages.records[export_started:])
 
         with stages.stage("writing manifest"):
@@ -127,6 +128,7 @@ def build(
                 "embedding_quantize": options.embedding_quantize,
                 "kv_cache": options.kv_cache,
                 "output_quantize": options.output_quantize,
+                "linear_kernel": options.linear_kernel,
                 "kv_smoothing": kv_smoothing.summary(smoothing) if smoothing else None,
                 "prefill_max_tokens": min(options.max_seq_len, PREFILL_MAX_TOKENS + 1) - 1,
                 "variant": options.variant,

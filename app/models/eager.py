@@ -40,6 +40,7 @@ def build_options(manifest: dict):
         embedding_quantize=manifest.get("embedding_quantize", "none"),  # older manifests: none
         kv_cache=manifest.get("kv_cache", "fp32"),
         output_quantize=manifest.get("output_quantize", "same"),
+        linear_kernel=manifest.get("linear_kernel", "xnnpack"),  # older manifests: XNNPACK's
     )
 
 

@@ -91,6 +91,7 @@ def manifest_matches(manifest: Optional[dict[str, Any]], spec: ModelSpec, option
         and manifest.get("embedding_quantize", "none") == options.embedding_quantize
         and manifest.get("kv_cache", "fp32") == options.kv_cache
         and manifest.get("output_quantize", "same") == options.output_quantize
+        and (options.quantize != "8da4w" or manifest.get("linear_kernel", "xnnpack") == options.linear_kernel)
         # int8 caches are built with smoothed keys (kv_smoothing.py): an older int8 build is rebuilt
         and (options.kv_cache != "int8" or bool(manifest.get("kv_smoothing")))
         and manifest.get("group_size") == (spec.group_size if options.quantize != "none" else None)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from .export import output_quantization
+from .linear_q4 import swapping_linears
 from .lowering import faster_lowering, shared_provenance
 from .progress import Stages
 from .quant_cache import HqqCache
@@ -91,9 +92,11 @@ def _cwd(path: Path) -> Iterator[None]:
 
 
 def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_cache: Optional[HqqCache] = None,
-                   verbose: bool = False, reexport: bool = False, output_8bit: bool = False) -> Path:
+                   verbose: bool = False, reexport: bool = False, output_8bit: bool = False,
+                   native_linears: bool = False) -> Path:
     """Export ``cfg`` to ``output`` (a ``.pte``) in ``STAGES`` stages of ``stages``; ``output_8bit``:
-    the output projection gets 8-bit weights (export.output_quantization)."""
+    the output projection gets 8-bit weights (export.output_quantization); ``native_linears``: the
+    4-bit linears call ``etserve::linear_q4`` instead of going to XNNPACK (linear_q4.py)."""
     import torch
 
     if custom_ops:
@@ -112,7 +115,7 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
 
     with _cwd(output.parent), torch.no_grad(), _quiet(verbose):
         with stages.stage("loading the checkpoint, quantizing (HQQ), source transforms"), hqq_cache.active(), \
-                output_quantization(output_8bit):
+                swapping_linears(native_linears), output_quantization(output_8bit):
             manager = lib._prepare_for_llama_export(cfg)
         print(hqq_cache.summary(), file=sys.stderr)
         if hqq_cache.save():

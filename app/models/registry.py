@@ -30,6 +30,11 @@ KV_CACHE_CHOICES = ("fp32", "int8")
 # "8bit": int8 weights, one scale per row, int8 dynamic activations (XNNPACK's qd8-f32-qc8w), as
 # llama.cpp's Q4_0 files keep it at Q8_0. Only with --quantize 8da4w.
 OUTPUT_QUANTIZE_CHOICES = ("same", "8bit")
+# Who runs the 4-bit linears of an 8da4w build: "etserve", our own kernel (etserve::linear_q4,
+# native/src/linear_q4.cpp; app/models/linear_q4.py swaps the layers at export), or "xnnpack",
+# the delegate's qd8-f32-qb4w GEMMs. The same weights and arithmetic either way.
+LINEAR_KERNEL_CHOICES = ("etserve", "xnnpack")
+DEFAULT_LINEAR_KERNEL = "etserve"
 
 
 @dataclass(frozen=True)
@@ -118,16 +123,19 @@ class BuildOptions:
     embedding_quantize: str = "none"
     kv_cache: str = "fp32"
     output_quantize: str = "same"
+    linear_kernel: str = DEFAULT_LINEAR_KERNEL  # only an 8da4w build has 4-bit linears for it
 
     @property
     def variant(self) -> str:
         """Directory name encoding the options, e.g. ``ctx2048-fp32`` or ``ctx512-8da4w-e4-sdpa``
-        (``-o8`` for an 8-bit output projection, ``-kv8`` at the end for an int8 KV cache)."""
+        (``-o8`` for an 8-bit output projection, ``-lq4`` for our own 4-bit linear kernel, ``-kv8`` at
+        the end for an int8 KV cache)."""
         quant = "fp32" if self.quantize == "none" else self.quantize
         emb = "-e4" if self.embedding_quantize == "4bit" else ""
         out = "-o8" if self.output_quantize == "8bit" else ""
         kv = "-kv8" if self.kv_cache == "int8" else ""
-        return f"ctx{self.max_seq_len}-{quant}{emb}{out}" + ("-sdpa" if self.custom_ops else "") + kv
+        lin = "-lq4" if self.quantize == "8da4w" and self.linear_kernel == "etserve" else ""
+        return f"ctx{self.max_seq_len}-{quant}{emb}{out}{lin}" + ("-sdpa" if self.custom_ops else "") + kv
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -145,6 +153,7 @@ def resolve_options(
     embedding_quantize: Optional[str] = None,
     kv_cache: Optional[str] = None,
     output_quantize: Optional[str] = None,
+    linear_kernel: Optional[str] = None,
 ) -> BuildOptions:
     """Fill unset options with the model's defaults and validate them."""
     spec = get_spec(name)
@@ -158,6 +167,9 @@ def resolve_options(
         output_quantize=(
             (spec.default_output_quantize if quantize in (None, spec.default_quantize) else "same")
             if output_quantize is None else output_quantize),
+        # our kernels are linked into libetserve.so, which every build runs on: only with the custom ops
+        linear_kernel=((DEFAULT_LINEAR_KERNEL if custom_ops is not False else "xnnpack")
+                       if linear_kernel is None else linear_kernel),
     )
     if opts.quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {opts.quantize!r}")
@@ -168,6 +180,10 @@ def resolve_options(
         raise ValueError(f"kv cache must be one of {KV_CACHE_CHOICES}, got {opts.kv_cache!r}")
     if opts.output_quantize not in OUTPUT_QUANTIZE_CHOICES:
         raise ValueError(f"output quantize must be one of {OUTPUT_QUANTIZE_CHOICES}, got {opts.output_quantize!r}")
+    if opts.linear_kernel not in LINEAR_KERNEL_CHOICES:
+        raise ValueError(f"linear kernel must be one of {LINEAR_KERNEL_CHOICES}, got {opts.linear_kernel!r}")
+    if opts.linear_kernel == "etserve" and opts.quantize == "8da4w" and not opts.custom_ops:
+        raise ValueError("--linear-kernel etserve needs the custom ops (drop --no-custom-ops)")
     if opts.output_quantize == "8bit" and opts.quantize != "8da4w":
         raise ValueError("an 8-bit output projection goes with --quantize 8da4w")
     if opts.kv_cache != "fp32" and not opts.custom_ops:

@@ -3,6 +3,7 @@
 // boxed wrappers that unpack the operator schema's arguments.
 #include "llm_ops.h"
 
+#include "linear_q4.h"
 #include "llm_kernels.h"
 
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -147,12 +148,22 @@ void boxed_custom_quantized_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack)
                             as_bool(stack[14]), stack[15]->toTensor());
 }
 
+// linear_q4.out(Tensor input, Tensor weight, Tensor scales, Tensor row_sums,
+//               Tensor? bias, *, Tensor(a!) out)
+void boxed_linear_q4(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  const char* op = "etserve::linear_q4.out";
+  if (!check_stack(ctx, stack, 6, op) || !is_tensor_args(ctx, stack, {0, 1, 2, 3, 5}, op)) return;
+  linear_q4_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toTensor(),
+                stack[3]->toTensor(), opt_tensor(stack[4]), stack[5]->toTensor());
+}
+
 const Kernel kKernels[] = {
     Kernel("llama::update_cache.out", boxed_update_cache),
     Kernel("llama::update_cache_with_indices.out", boxed_update_cache_with_indices),
     Kernel("llama::custom_sdpa.out", boxed_custom_sdpa),
     Kernel("llama::sdpa_with_kv_cache.out", boxed_sdpa_with_kv_cache),
     Kernel("llama::custom_quantized_sdpa.out", boxed_custom_quantized_sdpa),
+    Kernel("etserve::linear_q4.out", boxed_linear_q4),
 };
 constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 

@@ -1,9 +1,11 @@
 /*
  * etserve's own kernels for the ExecuTorch LLM custom operators
  * (`llama::update_cache.out`, `llama::custom_sdpa.out`,
- * `llama::sdpa_with_kv_cache.out`, `llama::custom_quantized_sdpa.out`), registered with the runtime's kernel
- * registry by a static initializer of llm_ops.cpp when libetserve.so loads
- * (the kernels themselves: llm_kernels.h, attention.h).
+ * `llama::sdpa_with_kv_cache.out`, `llama::custom_quantized_sdpa.out`), and for
+ * our own 4-bit linear (`etserve::linear_q4.out`, which app/models/linear_q4.py
+ * exports), registered with the runtime's kernel registry by a static
+ * initializer of llm_ops.cpp when libetserve.so loads (the kernels themselves:
+ * llm_kernels.h, attention.h, linear_q4.h).
  *
  * Attention over fp32, or int8 with per-token scales and zero points
  * (custom_quantized_sdpa); fp16/bf16 are refused with a logged error and a

@@ -86,6 +86,25 @@ ETS_TEST_API int etserve_test_custom_sdpa(const float* q, int B, int S, int H, i
                   EValue(is_causal != 0), opt_scale(scale), EValue(to.tensor())});
 }
 
+/* etserve::linear_q4 over x [M, K] -> out [M, N]: weight uint8 [N, K/2], scales int16 [N, K/32],
+ * row_sums [N], bias [N] or NULL. `out_n`: the N out is declared with (another value checks
+ * that the kernel resizes it). */
+ETS_TEST_API int etserve_test_linear_q4(const float* x, int M, int K, const uint8_t* weight,
+                                        const int16_t* scales, const float* row_sums,
+                                        const float* bias, int N, float* out, int out_n) {
+  TensorBuf tx(ScalarType::Float, {M, K}, x);
+  TensorBuf tw(ScalarType::Byte, {N, K / 2}, weight);
+  TensorBuf ts(ScalarType::Short, {N, K / 32}, scales);
+  TensorBuf tr(ScalarType::Float, {N}, row_sums);
+  TensorBuf to(ScalarType::Float, {M, out_n}, out);
+  std::optional<TensorBuf> tb;
+  if (bias) tb.emplace(ScalarType::Float, std::initializer_list<int64_t>{N}, bias);
+  return call_op("etserve::linear_q4.out",
+                 {EValue(tx.tensor()), EValue(tw.tensor()), EValue(ts.tensor()),
+                  EValue(tr.tensor()), tb ? EValue(tb->tensor()) : EValue(),
+                  EValue(to.tensor())});
+}
+
 /* value: [B, S, H_kv, D] -> cache [B, S_max, H_kv, D] rows start_pos.. */
 ETS_TEST_API int etserve_test_update_cache(const float* value, int B, int S, int H_kv, int D,
                                            float* cache, int S_max, int64_t start_pos) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -16,10 +17,12 @@ from app.models.registry import BuildOptions, resolve_options
 
 def test_variants():
     assert BuildOptions(2048, "none", False).variant == "ctx2048-fp32"
-    assert BuildOptions(512, "8da4w", True).variant == "ctx512-8da4w-sdpa"
-    assert BuildOptions(2048, "8da4w", True, "4bit").variant == "ctx2048-8da4w-e4-sdpa"
-    assert BuildOptions(32768, "8da4w", True, "4bit", "int8").variant == "ctx32768-8da4w-e4-sdpa-kv8"
-    assert BuildOptions(32768, "8da4w", True, "4bit", "int8", "8bit").variant == "ctx32768-8da4w-e4-o8-sdpa-kv8"
+    assert BuildOptions(512, "8da4w", True).variant == "ctx512-8da4w-lq4-sdpa"
+    assert BuildOptions(2048, "8da4w", True, "4bit").variant == "ctx2048-8da4w-e4-lq4-sdpa"
+    assert BuildOptions(32768, "8da4w", True, "4bit", "int8").variant == "ctx32768-8da4w-e4-lq4-sdpa-kv8"
+    assert BuildOptions(32768, "8da4w", True, "4bit", "int8", "8bit").variant == "ctx32768-8da4w-e4-o8-lq4-sdpa-kv8"
+    assert BuildOptions(32768, "8da4w", True, "4bit", "int8", "8bit", "xnnpack").variant == \
+        "ctx32768-8da4w-e4-o8-sdpa-kv8"
 
 
 def test_defaults():
@@ -30,7 +33,14 @@ def test_defaults():
     assert qwen.max_seq_len == 32768  # what Qwen2.5-Coder was trained for
     assert (qwen.kv_cache, smol.kv_cache) == ("int8", "fp32")  # Qwen: int8 with smoothed keys
     assert (qwen.output_quantize, smol.output_quantize) == ("8bit", "same")
-    assert qwen.variant == "ctx32768-8da4w-e4-o8-sdpa-kv8"
+    assert qwen.variant == "ctx32768-8da4w-e4-o8-lq4-sdpa-kv8"
+    assert qwen.linear_kernel == "etserve"  # our 4-bit linear kernel (native/src/linear_q4.cpp)
+    assert resolve_options("qwen2.5-coder-0.5b", linear_kernel="xnnpack").variant == "ctx32768-8da4w-e4-o8-sdpa-kv8"
+    assert resolve_options("qwen2.5-coder-0.5b", custom_ops=False).linear_kernel == "xnnpack"
+    with pytest.raises(ValueError):  # our kernel is registered by the library the custom ops live in
+        resolve_options("qwen2.5-coder-0.5b", custom_ops=False, linear_kernel="etserve")
+    with pytest.raises(ValueError):
+        resolve_options("qwen2.5-coder-0.5b", linear_kernel="cublas")
     assert resolve_options("qwen2.5-coder-0.5b", custom_ops=False).kv_cache == "fp32"
     assert resolve_options("qwen2.5-coder-0.5b", 4096).max_seq_len == 4096
     assert (qwen.embedding_quantize, smol.embedding_quantize) == ("4bit", "none")
@@ -64,7 +74,7 @@ def test_paths(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
     assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32-sdpa"
     assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-o8-sdpa-kv8")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-o8-lq4-sdpa-kv8")
     assert main(["path", "qwen2.5-coder-0.5b", "--no-custom-ops", "--embedding-quantize", "none"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx32768-8da4w-o8")
     assert main(["path", "smollm2-135m", "--out", str(tmp_path / "x")]) == 0
@@ -85,20 +95,29 @@ def test_registry_import_is_light():
 
 def test_manifest_matches():
     spec = registry.MODELS["qwen2.5-coder-0.5b"]
-    opts = BuildOptions(2048, "8da4w", False)
+    opts = BuildOptions(2048, "8da4w", False, linear_kernel="xnnpack")
     m = {"manifest_version": 1, "name": spec.name, "max_seq_len": 2048, "quantize": "8da4w",
          "custom_ops": False, "group_size": 32}
     assert manifest_matches(m, spec, opts)
+    # a manifest without linear_kernel is an XNNPACK build: one for our kernel is rebuilt
+    lq4 = BuildOptions(2048, "8da4w", True)
+    ml = dict(m, custom_ops=True)
+    assert not manifest_matches(ml, spec, lq4)
+    assert manifest_matches(dict(ml, linear_kernel="etserve"), spec, lq4)
+    assert not manifest_matches(dict(ml, linear_kernel="etserve"), spec, dataclasses.replace(lq4, linear_kernel="xnnpack"))
+    # an fp32 build has no 4-bit linears: the kernel choice does not matter
+    fp = BuildOptions(2048, "none", True)
+    assert manifest_matches(dict(ml, quantize="none", group_size=None), spec, fp)
     assert not manifest_matches(dict(m, custom_ops=True), spec, opts)
     assert not manifest_matches(dict(m, embedding_quantize="4bit"), spec, opts)
     assert not manifest_matches(dict(m, kv_cache="int8"), spec, opts)
     assert manifest_matches(dict(m, kv_cache="fp32"), spec, opts)
     assert not manifest_matches(dict(m, output_quantize="8bit"), spec, opts)
     assert not manifest_matches(None, spec, opts)
-    o8 = BuildOptions(2048, "8da4w", False, output_quantize="8bit")
+    o8 = BuildOptions(2048, "8da4w", False, output_quantize="8bit", linear_kernel="xnnpack")
     assert manifest_matches(dict(m, output_quantize="8bit"), spec, o8) and not manifest_matches(m, spec, o8)
     # int8 caches: only builds with smoothed keys (older int8 builds are rebuilt)
-    kv8 = BuildOptions(2048, "8da4w", False, kv_cache="int8")
+    kv8 = BuildOptions(2048, "8da4w", False, kv_cache="int8", linear_kernel="xnnpack")
     assert not manifest_matches(dict(m, kv_cache="int8"), spec, kv8)
     assert manifest_matches(dict(m, kv_cache="int8", kv_smoothing={"alpha": 0.75}), spec, kv8)
 

@@ -586,7 +586,8 @@ def test_update_cache_int8_rows(lib):
 def test_registered_op_names(lib):
     names = {lib.etserve_llm_op_name(i).decode() for i in range(lib.etserve_llm_op_count())}
     assert {"llama::update_cache.out", "llama::custom_sdpa.out",
-            "llama::sdpa_with_kv_cache.out", "llama::custom_quantized_sdpa.out"} <= names
+            "llama::sdpa_with_kv_cache.out", "llama::custom_quantized_sdpa.out",
+            "etserve::linear_q4.out"} <= names
     assert lib.etserve_llm_op_name(lib.etserve_llm_op_count()) is None
     assert lib.etserve_llm_ops_registered() == 1
 

@@ -1,0 +1,348 @@
+// etserve::linear_q4 (linear_q4.h): 4-bit weights, activations quantized to
+// 8 bits per row, integer dot products in 32-wide groups.
+//
+// AVX2: a group of one weight row is 16 bytes, unpacked to 32 signed bytes
+// (nibble - 8) and multiplied with the row's 32 unsigned activation bytes by
+// vpmaddubsw (pairs of u8 * s8 into s16: at most 2 * 255 * 8, no saturation),
+// vpmaddwd by ones (into 8 int32 sums), converted to float and accumulated
+// times the group's scale: the same four instructions per 32 products as
+// llama.cpp's Q4_0 x Q8_0 dot. The weights are stored four rows at a time,
+// group by group (64 bytes, and four float16 scales), so that decode reads one
+// stream per thread, prefetched ahead. One activation row (decode): the four
+// rows of a block at a time, each group unpacked in registers. Several rows
+// (prefill): a block's rows are unpacked once into a small buffer, then every
+// pair of activation rows runs over them (eight accumulators). Threads split
+// the output features (N) by blocks. Without AVX2 (and F16C, FMA): the same
+// arithmetic in scalar code.
+#include "linear_q4.h"
+
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define ETS_Q4_AVX2 1
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace etserve {
+
+namespace {
+
+using executorch::runtime::Error;
+
+// Per-row asymmetric int8 quantization as torchao's choose_qparams_affine and
+// quantize_affine do it; stores q + 128 (0..255) and returns scale and 128 + zp.
+void quantize_row(const float* x, int64_t K, uint8_t* xu, float* scale_out, int32_t* off_out) {
+  float lo = 0.f, hi = 0.f;
+  int64_t i = 0;
+#if defined(ETS_Q4_AVX2)
+  __m256 vlo = _mm256_setzero_ps(), vhi = _mm256_setzero_ps();
+  for (; i + 8 <= K; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    vlo = _mm256_min_ps(vlo, v);
+    vhi = _mm256_max_ps(vhi, v);
+  }
+  float tl[8], th[8];
+  _mm256_storeu_ps(tl, vlo);
+  _mm256_storeu_ps(th, vhi);
+  for (int j = 0; j < 8; ++j) lo = std::min(lo, tl[j]), hi = std::max(hi, th[j]);
+#endif
+  for (; i < K; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  float scale = (hi - lo) / 255.f;
+  if (!(scale >= FLT_EPSILON)) scale = FLT_EPSILON;  // also a NaN range
+  int32_t zp = -128 - static_cast<int32_t>(std::nearbyint(lo / scale));
+  zp = std::min(127, std::max(-128, zp));
+  const float inv = 1.f / scale;
+  const int32_t off = 128 + zp;
+  i = 0;
+#if defined(ETS_Q4_AVX2)
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256i voff = _mm256_set1_epi32(off);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (; i + 32 <= K; i += 32) {
+    // cvtps rounds to nearest even, as torch.round; the packs saturate to 0..255
+    __m256i a = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv)), voff);
+    __m256i b = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vinv)), voff);
+    __m256i c = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vinv)), voff);
+    __m256i d = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vinv)), voff);
+    const __m256i packed = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xu + i), _mm256_permutevar8x32_epi32(packed, order));
+  }
+#endif
+  for (; i < K; ++i) {
+    const int32_t q = static_cast<int32_t>(std::nearbyint(x[i] * inv)) + off;
+    xu[i] = static_cast<uint8_t>(std::min(255, std::max(0, q)));
+  }
+  *scale_out = scale;
+  *off_out = off;
+}
+
+inline float finish(float acc, float xs, int32_t off, const float* row_sums, const float* bias,
+                    int64_t n) {
+  float y = xs * (acc - static_cast<float>(off) * row_sums[n]);
+  return bias ? y + bias[n] : y;
+}
+
+#if defined(ETS_Q4_AVX2)
+
+// 16 packed bytes -> 32 signed bytes (low nibbles first, then high nibbles), minus 8.
+inline __m256i unpack_q4(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i b = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+  return _mm256_sub_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
+}
+
+// 32 u8 x s8 products summed in 8 float lanes.
+inline __m256 dot32(__m256i xu, __m256i w) {
+  const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(xu, w), _mm256_set1_epi16(1));
+  return _mm256_cvtepi32_ps(p);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+constexpr int64_t kAhead = 512;  // bytes of each weight row fetched ahead of use
+
+// The four scales of a block's group (float16 bits) as floats.
+inline __m128 scales4(const uint16_t* p) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// One activation row against weight blocks [b0, b1) (rows 4 b0 .. 4 b1 - 1): the block's four
+// rows are one stream of 64 bytes a group.
+void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W, const uint16_t* S,
+          const float* C, const float* bias, int64_t b0, int64_t b1, float* y) {
+  const int64_t G = K / kQ4Group;
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const uint8_t* w = W + blk * G * 64;
+    const uint16_t* s = S + blk * G * 4;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t g = 0; g < G; ++g, w += 64, s += 4) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu + g * kQ4Group));
+      const __m128 s4 = scales4(s);
+      const __m256 s8 = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
+      a0 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w)), _mm256_permute_ps(s8, 0x00), a0);
+      a1 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w + 16)), _mm256_permute_ps(s8, 0x55), a1);
+      a2 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w + 32)), _mm256_permute_ps(s8, 0xAA), a2);
+      a3 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w + 48)), _mm256_permute_ps(s8, 0xFF), a3);
+    }
+    const int64_t n = blk * 4;
+    y[n] = finish(hsum(a0), xs, off, C, bias, n);
+    y[n + 1] = finish(hsum(a1), xs, off, C, bias, n + 1);
+    y[n + 2] = finish(hsum(a2), xs, off, C, bias, n + 2);
+    y[n + 3] = finish(hsum(a3), xs, off, C, bias, n + 3);
+  }
+}
+
+// Activation rows [0, M) against weight blocks [b0, b1): each block's four rows unpacked once
+// into `wbuf` (4 * K bytes) and its scales into `sbuf` (4 * G floats, row-major), then two
+// activation rows at a time.
+void gemm(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int64_t K,
+          const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t N,
+          int64_t b0, int64_t b1, float* Y, int8_t* wbuf, float* sbuf) {
+  const int64_t G = K / kQ4Group;
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t n = blk * 4;
+    const uint8_t* w = W + blk * G * 64;
+    const uint16_t* sp = S + blk * G * 4;
+    for (int64_t g = 0; g < G; ++g) {
+      float t[4];
+      _mm_storeu_ps(t, scales4(sp + 4 * g));
+      for (int r = 0; r < 4; ++r) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + r * K + g * kQ4Group),
+                            unpack_q4(w + g * 64 + r * 16));
+        sbuf[r * G + g] = t[r];
+      }
+    }
+    const int8_t* b0p = wbuf;
+    const int8_t* b1p = wbuf + K;
+    const int8_t* b2p = wbuf + 2 * K;
+    const int8_t* b3p = wbuf + 3 * K;
+    const float* s0 = sbuf;
+    const float* s1 = s0 + G;
+    const float* s2 = s1 + G;
+    const float* s3 = s2 + G;
+    for (int64_t m = 0; m < M; m += 2) {
+      const bool pair = m + 1 < M;
+      const uint8_t* x0 = XU + m * K;
+      const uint8_t* x1 = pair ? x0 + K : x0;  // an odd last row runs twice, kept once
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+      __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t k = g * kQ4Group;
+        const __m256i xv0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + k));
+        const __m256i xv1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1 + k));
+        __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0p + k));
+        __m256 sc = _mm256_broadcast_ss(s0 + g);
+        a00 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a00);
+        a10 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a10);
+        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1p + k));
+        sc = _mm256_broadcast_ss(s1 + g);
+        a01 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a01);
+        a11 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a11);
+        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b2p + k));
+        sc = _mm256_broadcast_ss(s2 + g);
+        a02 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a02);
+        a12 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a12);
+        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b3p + k));
+        sc = _mm256_broadcast_ss(s3 + g);
+        a03 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a03);
+        a13 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a13);
+      }
+      float* y0 = Y + m * N;
+      y0[n] = finish(hsum(a00), xs[m], off[m], C, bias, n);
+      y0[n + 1] = finish(hsum(a01), xs[m], off[m], C, bias, n + 1);
+      y0[n + 2] = finish(hsum(a02), xs[m], off[m], C, bias, n + 2);
+      y0[n + 3] = finish(hsum(a03), xs[m], off[m], C, bias, n + 3);
+      if (pair) {
+        float* y1 = y0 + N;
+        y1[n] = finish(hsum(a10), xs[m + 1], off[m + 1], C, bias, n);
+        y1[n + 1] = finish(hsum(a11), xs[m + 1], off[m + 1], C, bias, n + 1);
+        y1[n + 2] = finish(hsum(a12), xs[m + 1], off[m + 1], C, bias, n + 2);
+        y1[n + 3] = finish(hsum(a13), xs[m + 1], off[m + 1], C, bias, n + 3);
+      }
+    }
+  }
+}
+
+#else  // !ETS_Q4_AVX2
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  float v;
+  if (e == 0) v = std::ldexp(static_cast<float>(m), -24);
+  else if (e == 31) v = m ? NAN : INFINITY;
+  else v = std::ldexp(static_cast<float>(m | 0x400), static_cast<int>(e) - 25);
+  return sign ? -v : v;
+}
+
+void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W, const uint16_t* S,
+          const float* C, const float* bias, int64_t b0, int64_t b1, float* y) {
+  const int64_t G = K / kQ4Group;
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    for (int r = 0; r < 4; ++r) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* p = W + (blk * G + g) * 64 + r * 16;
+        const uint8_t* x = xu + g * kQ4Group;
+        int32_t d = 0;
+        for (int j = 0; j < 16; ++j) {
+          d += (static_cast<int32_t>(p[j] & 0x0F) - 8) * x[j];
+          d += (static_cast<int32_t>(p[j] >> 4) - 8) * x[j + 16];
+        }
+        acc += half_to_float(S[(blk * G + g) * 4 + r]) * static_cast<float>(d);
+      }
+      y[blk * 4 + r] = finish(acc, xs, off, C, bias, blk * 4 + r);
+    }
+  }
+}
+
+void gemm(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int64_t K,
+          const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t N,
+          int64_t b0, int64_t b1, float* Y, int8_t*, float*) {
+  for (int64_t m = 0; m < M; ++m) gemv(XU + m * K, xs[m], off[m], K, W, S, C, bias, b0, b1, Y + m * N);
+}
+
+#endif
+
+bool contiguous(const Tensor& t) {
+  const auto st = t.strides();
+  const auto sz = t.sizes();
+  int64_t expect = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (sz[d] != 1 && st[d] != expect) return false;
+    expect *= sz[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, const uint16_t* scales,
+               const float* row_sums, const float* bias, int64_t N, float* out) {
+  if (M <= 0 || N <= 0) return;
+  thread_local std::vector<uint8_t> xu;
+  thread_local std::vector<float> xs;
+  thread_local std::vector<int32_t> off;
+  xu.resize(static_cast<size_t>(M * K));
+  xs.resize(static_cast<size_t>(M));
+  off.resize(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xu.data() + m * K, &xs[m], &off[m]);
+
+  const uint8_t* XU = xu.data();
+  const float* XS = xs.data();
+  const int32_t* OFF = off.data();
+  const int64_t blocks = N / 4;
+  executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    if (M == 1) {
+      gemv(XU, XS[0], OFF[0], K, weight, scales, row_sums, bias, b0, b1, out);
+      return;
+    }
+    thread_local std::vector<int8_t> wbuf;
+    thread_local std::vector<float> sbuf;
+    wbuf.resize(static_cast<size_t>(4 * K));
+    sbuf.resize(static_cast<size_t>(4 * (K / kQ4Group)));
+    gemm(XU, XS, OFF, M, K, weight, scales, row_sums, bias, N, b0, b1, out, wbuf.data(), sbuf.data());
+  });
+}
+
+Tensor& linear_q4_out(KernelRuntimeContext& ctx, const Tensor& input, const Tensor& weight,
+                      const Tensor& scales, const Tensor& row_sums,
+                      const std::optional<Tensor>& bias, Tensor& out) {
+  using executorch::aten::ScalarType;
+  const char* op = "etserve::linear_q4.out";
+  ET_KERNEL_CHECK_MSG(ctx, input.scalar_type() == ScalarType::Float && input.dim() >= 1,
+                      InvalidArgument, out, "%s: input must be a float tensor", op);
+  const int64_t K = input.size(input.dim() - 1);
+  ET_KERNEL_CHECK_MSG(ctx, K > 0 && K % kQ4Group == 0, InvalidArgument, out,
+                      "%s: input features (%lld) must be a multiple of %lld", op, (long long)K,
+                      (long long)kQ4Group);
+  ET_KERNEL_CHECK_MSG(ctx, weight.scalar_type() == ScalarType::Byte && weight.dim() == 2 &&
+                               weight.size(1) == K / 2,
+                      InvalidArgument, out, "%s: weight must be uint8 [N, %lld]", op,
+                      (long long)(K / 2));
+  const int64_t N = weight.size(0);
+  ET_KERNEL_CHECK_MSG(ctx, N % 4 == 0, InvalidArgument, out,
+                      "%s: output features (%lld) must be a multiple of 4", op, (long long)N);
+  ET_KERNEL_CHECK_MSG(ctx, scales.scalar_type() == ScalarType::Short && scales.dim() == 2 &&
+                               scales.size(0) == N && scales.size(1) == K / kQ4Group,
+                      InvalidArgument, out, "%s: scales must be int16 (float16 bits) [%lld, %lld]",
+                      op, (long long)N, (long long)(K / kQ4Group));
+  ET_KERNEL_CHECK_MSG(ctx, row_sums.scalar_type() == ScalarType::Float && row_sums.numel() == N,
+                      InvalidArgument, out, "%s: row_sums must be float [%lld]", op, (long long)N);
+  ET_KERNEL_CHECK_MSG(ctx, !bias || (bias->scalar_type() == ScalarType::Float && bias->numel() == N),
+                      InvalidArgument, out, "%s: bias must be float [%lld]", op, (long long)N);
+  ET_KERNEL_CHECK_MSG(ctx, out.scalar_type() == ScalarType::Float, InvalidArgument, out,
+                      "%s: out must be float", op);
+  ET_KERNEL_CHECK_MSG(ctx, contiguous(input) && contiguous(weight) && contiguous(scales) &&
+                               contiguous(row_sums) && (!bias || contiguous(*bias)),
+                      InvalidArgument, out, "%s: operands must be contiguous", op);
+
+  executorch::aten::SizesType sizes[executorch::runtime::kTensorDimensionLimit];
+  for (int64_t d = 0; d < input.dim(); ++d) sizes[d] = input.size(d);
+  sizes[input.dim() - 1] = static_cast<executorch::aten::SizesType>(N);
+  ET_KERNEL_CHECK_MSG(
+      ctx,
+      executorch::runtime::resize_tensor(
+          out, {sizes, static_cast<size_t>(input.dim())}) == Error::Ok,
+      InvalidArgument, out, "%s: cannot resize out", op);
+  ET_KERNEL_CHECK_MSG(ctx, contiguous(out), InvalidArgument, out, "%s: out must be contiguous", op);
+
+  const int64_t M = K ? input.numel() / K : 0;
+  linear_q4(input.const_data_ptr<float>(), M, K, weight.const_data_ptr<uint8_t>(),
+            reinterpret_cast<const uint16_t*>(scales.const_data_ptr<int16_t>()), row_sums.const_data_ptr<float>(),
+            bias ? bias->const_data_ptr<float>() : nullptr, N, out.mutable_data_ptr<float>());
+  return out;
+}
+
+}  // namespace etserve
