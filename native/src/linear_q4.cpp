@@ -97,9 +97,16 @@ inline __m256i unpack_q4(const uint8_t* p) {
   return _mm256_sub_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
 }
 
-// 32 u8 x s8 products summed in 8 float lanes.
+// 32 u8 x s8 products summed in 8 float lanes (each lane: 4 consecutive products). With VNNI,
+// one vpdpbusd does what vpmaddubsw + vpmaddwd do.
 inline __m256 dot32(__m256i xu, __m256i w) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), xu, w);
+#elif defined(__AVXVNNI__)
+  const __m256i p = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), xu, w);
+#else
   const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(xu, w), _mm256_set1_epi16(1));
+#endif
   return _mm256_cvtepi32_ps(p);
 }
 
