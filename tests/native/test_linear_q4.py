@@ -170,7 +170,7 @@ EXPORT_SCRIPT = textwrap.dedent(r'''
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from app.models.linear_q4 import use_native_linears
 
-    out_dir, swap = sys.argv[1], sys.argv[2] == "swap"
+    out_dir = sys.argv[1]
     VOCAB, DIM, HID = 80, 64, 96
 
     class Tiny(torch.nn.Module):
@@ -196,7 +196,7 @@ EXPORT_SCRIPT = textwrap.dedent(r'''
     steps = [(0, rng.integers(0, VOCAB, 7).tolist()), (7, [3]), (8, rng.integers(0, VOCAB, 12).tolist())]
     with torch.no_grad():
         logits = [model(torch.tensor([t]), torch.tensor([p])).numpy()[0] for p, t in steps]
-    swapped = use_native_linears(model) if swap else 0
+    swapped = use_native_linears(model)
     seq = torch.export.Dim("seq", min=1, max=31)
     with torch.no_grad():
         ep = torch.export.export(model, (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0])),
@@ -221,7 +221,7 @@ EXPORT_SCRIPT = textwrap.dedent(r'''
 def tiny_q4_pte(tmp_path_factory):
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("tiny_linear_q4")
-    proc = subprocess.run([sys.executable, "-c", EXPORT_SCRIPT, str(out), "swap"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", EXPORT_SCRIPT, str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         pytest.fail("export failed:\n" + proc.stderr[-4000:])
