@@ -2,6 +2,7 @@
 #include "attention.h"
 
 #include "attention_amx.h"
+#include "attention_decode.h"
 #include "simd.h"
 
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
@@ -346,18 +347,25 @@ AmxScratch* amx_scratch_for(int64_t rows, int64_t G) {
   return c.s;
 }
 
-// One thread's tile runner: the AMX tile when it applies, else the generic one.
+// One thread's tile runner: the AMX tile when it applies; else for one query
+// row over int8 caches the decode kernel (attention_decode.h), and the
+// generic tile for the rest.
 class TileRunner {
  public:
   TileRunner(const AttnArgs& a, int64_t R, bool amx)
       : a_(a), amx_(amx ? amx_scratch_for(R, a.H / a.Hkv) : nullptr),
-        sc_(amx_ ? 0 : R * (a.H / a.Hkv), amx_ ? 0 : R, amx_ ? 0 : a.D) {}
+        decode_(amx_ == nullptr && R == 1 && decode_attention_applies(a)),
+        sc_(amx_ || decode_ ? 0 : R * (a.H / a.Hkv), amx_ || decode_ ? 0 : R,
+            amx_ || decode_ ? 0 : a.D) {}
   TileRunner(const TileRunner&) = delete;
   TileRunner& operator=(const TileRunner&) = delete;
 
   void run(int64_t b, int64_t i0, int64_t rows, int64_t g, int64_t j0, int64_t j1,
            const Partial* partial) {
-    if (amx_ != nullptr) {
+    if (decode_) {
+      attend_decode(a_, b, i0, g, j0, j1, partial ? partial->m : nullptr,
+                    partial ? partial->l : nullptr, partial ? partial->acc : nullptr);
+    } else if (amx_ != nullptr) {
       attend_tile_amx(a_, b, i0, rows, g, j0, j1, amx_, partial ? partial->m : nullptr,
                       partial ? partial->l : nullptr, partial ? partial->acc : nullptr);
     } else {
@@ -368,6 +376,7 @@ class TileRunner {
  private:
   const AttnArgs& a_;
   AmxScratch* amx_;
+  bool decode_;
   Scratch sc_;
 };
 

@@ -344,7 +344,8 @@ def i8ptr(a):
 
 @pytest.fixture(params=["generic", "amx", "amx-tiled"])
 def int8_kernel(request, lib):
-    """Runs an int8-cache test on each attention kernel: the generic one (AVX2) and, where
+    """Runs an int8-cache test on each attention kernel: the generic one (AVX2; one query row
+    at a time on attention_decode.cpp's kernel, more on the generic tile) and, where
     the CPU and OS have them, Intel AMX tiles (ets_attention_kernel), over caches in rows and,
     as in a model's forward call, in the tile layout (kv_layout.h: caches of 64-multiple
     lengths are converted in place by the first call)."""
