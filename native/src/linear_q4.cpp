@@ -16,11 +16,18 @@
 // arithmetic in scalar code.
 #include "linear_q4.h"
 
+// GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
+// -Wmaybe-uninitialized reports where they are inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define ETS_Q4_AVX2 1
 #include <immintrin.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define ETS_Q4_AVX512 1
+#endif
 #endif
 
 #include <algorithm>
@@ -222,6 +229,148 @@ void gemm(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int
   }
 }
 
+// Prefill by panels of 16 output rows (four blocks): the panel's weights unpacked once into
+// `pw` as [group][quad of inputs][16 rows][4 bytes], its scales into `ps` as [group][16 rows],
+// so that one vector holds the same four inputs of 16 rows: multiplied with four activation
+// bytes broadcast, every lane adds to its own row's sum, a group's eight quads add up in the
+// lanes and the float conversion and scale come once a group (not once per 32 products as in
+// gemm above). Four activation rows at a time, then one.
+constexpr int64_t kPanel = 16;
+
+void unpack_panel(const uint8_t* W, const uint16_t* S, int64_t G, int64_t blk0, int8_t* pw, float* ps) {
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t bi = 0; bi < kPanel / 4; ++bi) {
+      const int64_t blk = blk0 + bi;
+      float t[4];
+      _mm_storeu_ps(t, scales4(S + (blk * G + g) * 4));
+      for (int r = 0; r < 4; ++r) {
+        alignas(32) int32_t q[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(q), unpack_q4(W + (blk * G + g) * 64 + r * 16));
+        const int64_t row = bi * 4 + r;
+        int32_t* dst = reinterpret_cast<int32_t*>(pw) + g * 8 * kPanel + row;
+        for (int k = 0; k < 8; ++k) dst[k * kPanel] = q[k];
+        ps[g * kPanel + row] = t[r];
+      }
+    }
+  }
+}
+
+// Four activation bytes (one quad) as every 32-bit lane.
+inline int32_t quad(const uint8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return v;
+}
+
+#if defined(ETS_Q4_AVX512)
+// RM activation rows against a panel: out[r][16] = sum over groups of scale * integer dot.
+template <int RM>
+void panel_rows(const uint8_t* x0, int64_t K, const int8_t* pw, const float* ps, __m512 out[RM]) {
+  const int64_t G = K / kQ4Group;
+  for (int r = 0; r < RM; ++r) out[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i acc[RM];
+    for (int r = 0; r < RM; ++r) acc[r] = _mm512_setzero_si512();
+    const uint8_t* xg = x0 + g * kQ4Group;
+    const int8_t* wg = pw + g * 8 * kPanel * 4;
+    for (int k = 0; k < 8; ++k) {
+      const __m512i w = _mm512_load_si512(wg + k * kPanel * 4);
+      for (int r = 0; r < RM; ++r)
+        acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(quad(xg + r * K + 4 * k)), w);
+    }
+    const __m512 sc = _mm512_load_ps(ps + g * kPanel);
+    for (int r = 0; r < RM; ++r) out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), sc, out[r]);
+  }
+}
+
+template <int RM>
+void panel_store(const __m512 out[RM], const float* xs, const int32_t* off, const float* C,
+                 const float* bias, int64_t n0, int64_t N, float* Y) {
+  const __m512 rs = _mm512_loadu_ps(C + n0);
+  for (int r = 0; r < RM; ++r) {
+    __m512 y = _mm512_mul_ps(_mm512_set1_ps(xs[r]),
+                             _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(off[r])), rs, out[r]));
+    if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + n0));
+    _mm512_storeu_ps(Y + r * N + n0, y);
+  }
+}
+#else
+// The same with 256-bit vectors: a panel is two halves of 8 rows. Without VNNI a quad's
+// products come in pairs (vpmaddubsw: at most 2 * 255 * 8 = 4,080) and a group's eight quads
+// add up in 16 bits (at most 32,640) before one vpmaddwd widens them.
+inline __m256i quad_dot(__m256i acc16, __m256i x, __m256i w) {
+  return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(x, w));
+}
+
+template <int RM>
+void panel_rows(const uint8_t* x0, int64_t K, const int8_t* pw, const float* ps, __m256 out[RM][2]) {
+  const int64_t G = K / kQ4Group;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < RM; ++r) out[r][0] = out[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256i acc[RM][2];
+    for (int r = 0; r < RM; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const uint8_t* xg = x0 + g * kQ4Group;
+    const int8_t* wg = pw + g * 8 * kPanel * 4;
+    for (int k = 0; k < 8; ++k) {
+      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg + k * kPanel * 4));
+      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg + k * kPanel * 4 + 32));
+      for (int r = 0; r < RM; ++r) {
+        const __m256i x = _mm256_set1_epi32(quad(xg + r * K + 4 * k));
+        acc[r][0] = quad_dot(acc[r][0], x, w0);
+        acc[r][1] = quad_dot(acc[r][1], x, w1);
+      }
+    }
+    const __m256 s0 = _mm256_load_ps(ps + g * kPanel), s1 = _mm256_load_ps(ps + g * kPanel + 8);
+    for (int r = 0; r < RM; ++r) {
+      out[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][0], ones)), s0, out[r][0]);
+      out[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][1], ones)), s1, out[r][1]);
+    }
+  }
+}
+
+template <int RM>
+void panel_store(const __m256 out[RM][2], const float* xs, const int32_t* off, const float* C,
+                 const float* bias, int64_t n0, int64_t N, float* Y) {
+  for (int h = 0; h < 2; ++h) {
+    const __m256 rs = _mm256_loadu_ps(C + n0 + 8 * h);
+    for (int r = 0; r < RM; ++r) {
+      __m256 y = _mm256_mul_ps(_mm256_set1_ps(xs[r]),
+                               _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(off[r])), rs, out[r][h]));
+      if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + n0 + 8 * h));
+      _mm256_storeu_ps(Y + r * N + n0 + 8 * h, y);
+    }
+  }
+}
+#endif
+
+// Activation rows [0, M) against panels [p0, p1) (output rows 16 p0 .. 16 p1 - 1).
+void gemm_panels(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int64_t K,
+                 const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t N,
+                 int64_t p0, int64_t p1, float* Y, int8_t* pw, float* ps) {
+  const int64_t G = K / kQ4Group;
+#if defined(ETS_Q4_AVX512)
+  using Out = __m512;
+#else
+  using Out = __m256[2];
+#endif
+  for (int64_t p = p0; p < p1; ++p) {
+    unpack_panel(W, S, G, p * (kPanel / 4), pw, ps);
+    const int64_t n0 = p * kPanel;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      Out out[4];
+      panel_rows<4>(XU + m * K, K, pw, ps, out);
+      panel_store<4>(out, xs + m, off + m, C, bias, n0, N, Y + m * N);
+    }
+    for (; m < M; ++m) {
+      Out out[1];
+      panel_rows<1>(XU + m * K, K, pw, ps, out);
+      panel_store<1>(out, xs + m, off + m, C, bias, n0, N, Y + m * N);
+    }
+  }
+}
+
 #else  // !ETS_Q4_AVX2
 
 float half_to_float(uint16_t h) {
@@ -290,11 +439,30 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
   const float* XS = xs.data();
   const int32_t* OFF = off.data();
   const int64_t blocks = N / 4;
-  executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    if (M == 1) {
+  if (M == 1) {
+    executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       gemv(XU, XS[0], OFF[0], K, weight, scales, row_sums, bias, b0, b1, out);
-      return;
-    }
+    });
+    return;
+  }
+  int64_t done = 0;  // blocks computed by panels
+#if defined(ETS_Q4_AVX2)
+  const int64_t panels = N / kPanel;
+  if (panels > 0) {
+    executorch::extension::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      thread_local std::vector<int8_t> pw;
+      thread_local std::vector<float> ps;
+      pw.resize(static_cast<size_t>(K / kQ4Group * 8 * kPanel * 4 + 64));
+      ps.resize(static_cast<size_t>(K / kQ4Group * kPanel + 16));
+      auto align = [](auto* p) { return reinterpret_cast<decltype(p)>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); };
+      gemm_panels(XU, XS, OFF, M, K, weight, scales, row_sums, bias, N, p0, p1, out, align(pw.data()),
+                  align(ps.data()));
+    });
+    done = panels * (kPanel / 4);
+  }
+#endif
+  if (done == blocks) return;
+  executorch::extension::parallel_for(done, blocks, 1, [&](int64_t b0, int64_t b1) {
     thread_local std::vector<int8_t> wbuf;
     thread_local std::vector<float> sbuf;
     wbuf.resize(static_cast<size_t>(4 * K));
