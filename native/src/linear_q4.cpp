@@ -10,10 +10,13 @@
 // group by group (64 bytes, and four float16 scales), so that decode reads one
 // stream per thread, prefetched ahead. One activation row (decode): the four
 // rows of a block at a time, each group unpacked in registers. Several rows
-// (prefill): a block's rows are unpacked once into a small buffer, then every
-// pair of activation rows runs over them (eight accumulators). Threads split
-// the output features (N) by blocks. Without AVX2 (and F16C, FMA): the same
-// arithmetic in scalar code.
+// (prefill): panels of 16 output rows unpacked once so that one vector holds
+// the same four inputs of 16 rows (gemm_panels: the integer sums stay in the
+// lanes for a whole group, one conversion and scale a group for 16 rows; with
+// AVX-512 VNNI a 512-bit vpdpbusd); rows past the last whole panel by blocks
+// (gemm: a block's rows unpacked into a small buffer, pairs of activation rows
+// over them). Threads split the output features (N) by blocks or panels.
+// Without AVX2 (and F16C, FMA): the same arithmetic in scalar code.
 #include "linear_q4.h"
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
