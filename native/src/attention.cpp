@@ -1,6 +1,10 @@
 // Attention core: see attention.h.
 #include "attention.h"
 
+// GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
+// -Wmaybe-uninitialized reports where they are inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "attention_amx.h"
 #include "attention_decode.h"
 #include "simd.h"
@@ -27,6 +31,7 @@ using namespace simd;
 
 constexpr int64_t kKeyBlock = 64;  // key/value rows per L1-resident block
 constexpr int64_t kRowTile = 16;   // query rows per tile (prefill)
+constexpr int64_t kMaxVnniD = 256; // head dims the VNNI scores take (the packed block: 64 x D bytes)
 
 // Row (b, s, h) of an operand as floats: a pointer into fp32 data, or `buf`
 // filled with the dequantized int8 row (times `mul`, folded in).
@@ -56,11 +61,22 @@ struct Scratch {
   std::vector<float> qf;
   std::vector<int32_t> di;
   std::vector<int64_t> lim;
+  // VNNI scores (vnni_keys): the queries' raw int8 rows (q8), their zero points and sums
+  // (qz, qsum); a block's keys plus 128 transposed by quads (kt, 64-byte aligned in ktbuf)
+  // and two integer corrections per key (ka, kb)
+  std::vector<int8_t> q8;
+  std::vector<int32_t> qz, qsum, ka, kb;
+  std::vector<uint8_t> ktbuf;
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
         vf(kKeyBlock * D), ksc(kKeyBlock), vsc(kKeyBlock), pw(kKeyBlock), qi(nq * D),
-        ki(kKeyBlock * D), qf(nq), di(kKeyBlock), lim(rows) {}
+        ki(kKeyBlock * D), qf(nq), di(kKeyBlock), lim(rows), q8(nq * D), qz(nq), qsum(nq),
+        ka(kKeyBlock), kb(kKeyBlock), ktbuf(kKeyBlock * D + 64) {}
+  uint8_t* kt() {
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ktbuf.data()) + 63) & ~uintptr_t(63));
+  }
 };
+
 
 // Rows [j, end) of kv head g of the int8 keys and values asked for one row at a
 // time while the kernel converts the block before (in a burst, the prefetches
@@ -100,6 +116,66 @@ void raw_rows(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h,
   }
 }
 
+#if defined(ETS_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define ETS_ATTN_VNNI 1
+// Exact int32 scores with 512-bit vpdpbusd, for int8 queries and keys: with u = k + 128
+// (unsigned) and the queries' raw int8 q, sum (q - qz)(k - kz) = sum q u - Q (128 + kz)
+// - qz (U - D (128 + kz)), Q = sum q, U = sum u. A block's keys are packed as [16-key chunk]
+// [quad of dims][16 keys][4 bytes], so one vector holds the same four dims of 16 keys, and
+// every query runs D / 4 vpdpbusd per 16 keys with its quads broadcast, no horizontal sums.
+
+// Rows [j0, j0 + n) of kv head h of the int8 keys into sc (kt, ka, kb, ksc).
+void vnni_keys(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h, int64_t D,
+               Scratch& sc, RowPrefetch* pf) {
+  const int8_t* data = x.i8 + b * x.sb + h * x.sh;
+  const float* scale = x.scale + b * x.sc_sb + h * x.sc_sh;
+  const int8_t* zero = x.zero_point + b * x.zp_sb + h * x.zp_sh;
+  const int64_t DQ = D / 4;
+  uint32_t* kt = reinterpret_cast<uint32_t*>(sc.kt());
+  for (int64_t j = 0; j < n; ++j) {
+    const int8_t* row = data + (j0 + j) * x.ss;
+    uint32_t* dst = kt + (j / 16) * DQ * 16 + (j % 16);
+    int32_t u = 0;
+    for (int64_t q = 0; q < DQ; ++q) {
+      uint32_t w;
+      std::memcpy(&w, row + 4 * q, 4);
+      w ^= 0x80808080u;
+      dst[q * 16] = w;
+      u += static_cast<int32_t>((w & 0xFF) + ((w >> 8) & 0xFF) + ((w >> 16) & 0xFF) + (w >> 24));
+    }
+    const int32_t a = 128 + zero[(j0 + j) * x.zp_ss];
+    sc.ka[j] = a;
+    sc.kb[j] = u - static_cast<int32_t>(D) * a;
+    sc.ksc[j] = scale[(j0 + j) * x.sc_ss];
+    if (pf) pf->next();
+  }
+}
+
+// srow[0 .. 16 * ceil(vis / 16)) = the block's scores of query vector t (entries at and past
+// vis are not meaningful), times the query's scale c.
+void vnni_scores(Scratch& sc, int64_t t, int64_t D, int64_t vis, float c, float* srow) {
+  const int64_t DQ = D / 4;
+  const int32_t* q = reinterpret_cast<const int32_t*>(sc.q8.data() + t * D);
+  const __m512i Q = _mm512_set1_epi32(sc.qsum[t]), qz = _mm512_set1_epi32(sc.qz[t]);
+  const __m512 vc = _mm512_set1_ps(c);
+  const uint8_t* kt = sc.kt();
+  for (int64_t j = 0; j < vis; j += 16) {
+    const uint8_t* chunk = kt + (j / 16) * DQ * 64;
+    __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+    int64_t d = 0;
+    for (; d + 2 <= DQ; d += 2) {
+      acc0 = _mm512_dpbusd_epi32(acc0, _mm512_load_si512(chunk + d * 64), _mm512_set1_epi32(q[d]));
+      acc1 = _mm512_dpbusd_epi32(acc1, _mm512_load_si512(chunk + (d + 1) * 64), _mm512_set1_epi32(q[d + 1]));
+    }
+    if (d < DQ) acc0 = _mm512_dpbusd_epi32(acc0, _mm512_load_si512(chunk + d * 64), _mm512_set1_epi32(q[d]));
+    __m512i dot = _mm512_add_epi32(acc0, acc1);
+    dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(Q, _mm512_loadu_si512(sc.ka.data() + j)));
+    dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(qz, _mm512_loadu_si512(sc.kb.data() + j)));
+    _mm512_storeu_ps(srow + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_loadu_ps(sc.ksc.data() + j)), vc));
+  }
+}
+#endif
+
 // Where a tile's results go: normalized into the output, or (key-split
 // decode) per query vector the running max, the sum of exponentials and the
 // unnormalized weighted sum, merged later.
@@ -125,6 +201,11 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
   // as int16 then, not floats).
   const bool k8 = a.k.f32 == nullptr, v8 = a.v.f32 == nullptr;
   const bool exact = k8 && a.q.f32 == nullptr;
+#if defined(ETS_ATTN_VNNI)
+  const bool vnni = exact && D % 4 == 0 && D <= kMaxVnniD;
+#else
+  constexpr bool vnni = false;
+#endif
   for (int64_t r = 0; r < R; ++r) {
     int64_t lim = a.n_kv;
     if (a.causal) lim = std::min(lim, a.start_pos + i0 + r + 1);
@@ -132,6 +213,17 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
     jmax = std::max(jmax, sc.lim[r]);
     for (int64_t h = 0; h < G; ++h) {
       const int64_t t = r * G + h;
+      if (vnni) {
+        const int64_t hq = g * G + h;
+        const int8_t* src = a.q.i8 + b * a.q.sb + (i0 + r) * a.q.ss + hq * a.q.sh;
+        std::copy(src, src + D, sc.q8.data() + t * D);
+        int32_t sum = 0;
+        for (int64_t d = 0; d < D; ++d) sum += src[d];
+        sc.qsum[t] = sum;
+        sc.qz[t] = a.q.zero_point[b * a.q.zp_sb + (i0 + r) * a.q.zp_ss + hq * a.q.zp_sh];
+        sc.qf[t] = a.q.scale[b * a.q.sc_sb + (i0 + r) * a.q.sc_ss + hq * a.q.sc_sh];
+        continue;
+      }
       if (exact) {
         raw_rows(a.q, b, i0 + r, 1, g * G + h, D, sc.qi.data() + t * D, sc.qf.data() + t);
         continue;
@@ -155,6 +247,12 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
     if (a.k.f32 != nullptr) {
       kp = a.k.f32 + b * a.k.sb + jb * a.k.ss + g * a.k.sh;
       ks = a.k.ss;
+    } else if (vnni) {
+#if defined(ETS_ATTN_VNNI)
+      vnni_keys(a.k, b, jb, len, g, D, sc, &pf);
+#endif
+      kp = nullptr;
+      ks = D;
     } else if (exact) {
       raw_rows(a.k, b, jb, len, g, D, sc.ki.data(), sc.ksc.data(), &pf);
       kp = nullptr;
@@ -173,6 +271,12 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
         const int64_t t = r * G + h;
         float* srow = sc.s.data() + t * kKeyBlock;
         int64_t j = 0;
+        if (vnni) {
+#if defined(ETS_ATTN_VNNI)
+          if (vis > 0) vnni_scores(sc, t, D, vis, sc.qf[t] * a.scale, srow);
+#endif
+          continue;
+        }
         if (exact) {
           const int16_t* qv = sc.qi.data() + t * D;
           const int16_t* kv = sc.ki.data();

@@ -161,6 +161,57 @@ void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W,
   }
 }
 
+#if defined(ETS_Q4_AVX512)
+// Decode with AVX-512 VNNI: a block's group (64 bytes, four rows of 16) is one vector; its low
+// nibbles are inputs 0..15 of the four rows, its high nibbles inputs 16..31, so two vpdpbusd
+// against the group's activations repeated four times (xq: per group, inputs 0..15 x4 then
+// 16..31 x4) give each row's products in its four lanes. The nibbles enter unsigned (0..15):
+// the integer sums start from -8 * (the group's activation sum) in one lane per row (x8: per
+// group, 16 lanes). One conversion and scale a group for the four rows.
+void gemv512(const uint8_t* xq, const int32_t* x8, float xs, int32_t off, int64_t K, const uint8_t* W,
+             const uint16_t* S, const float* C, const float* bias, int64_t b0, int64_t b1, float* y) {
+  const int64_t G = K / kQ4Group;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const uint8_t* w = W + blk * G * 64;
+    const uint16_t* s = S + blk * G * 4;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g, w += 64, s += 4) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
+      const __m512i wv = _mm512_loadu_si512(w);
+      __m512i d = _mm512_load_si512(x8 + g * 16);
+      d = _mm512_dpbusd_epi32(d, _mm512_load_si512(xq + g * 128), _mm512_and_si512(wv, nib));
+      d = _mm512_dpbusd_epi32(d, _mm512_load_si512(xq + g * 128 + 64),
+                              _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib));
+      const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4(s)));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc);
+    }
+    // lanes 4r..4r+3 hold row r's sum
+    alignas(64) float t[16];
+    _mm512_store_ps(t, acc);
+    const int64_t n = blk * 4;
+    for (int r = 0; r < 4; ++r)
+      y[n + r] = finish((t[4 * r] + t[4 * r + 1]) + (t[4 * r + 2] + t[4 * r + 3]), xs, off, C, bias, n + r);
+  }
+}
+
+// gemv512's activation layout for one row: xq (G * 128 bytes) and x8 (G * 16 int32).
+void gemv512_prepare(const uint8_t* xu, int64_t K, uint8_t* xq, int32_t* x8) {
+  const int64_t G = K / kQ4Group;
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* x = xu + g * kQ4Group;
+    int32_t sum = 0;
+    for (int k = 0; k < kQ4Group; ++k) sum += x[k];
+    for (int r = 0; r < 4; ++r) {
+      std::memcpy(xq + g * 128 + r * 16, x, 16);
+      std::memcpy(xq + g * 128 + 64 + r * 16, x + 16, 16);
+      for (int l = 0; l < 4; ++l) x8[g * 16 + r * 4 + l] = l == 0 ? -8 * sum : 0;
+    }
+  }
+}
+#endif
+
 // Activation rows [0, M) against weight blocks [b0, b1): each block's four rows unpacked once
 // into `wbuf` (4 * K bytes) and its scales into `sbuf` (4 * G floats, row-major), then two
 // activation rows at a time.
@@ -443,9 +494,22 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
   const int32_t* OFF = off.data();
   const int64_t blocks = N / 4;
   if (M == 1) {
+#if defined(ETS_Q4_AVX512)
+    thread_local std::vector<int32_t> xbuf;  // xq then x8, 64-byte aligned
+    const int64_t G = K / kQ4Group;
+    xbuf.resize(static_cast<size_t>(G * 32 + G * 16 + 16));
+    int32_t* base = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(xbuf.data()) + 63) & ~uintptr_t(63));
+    uint8_t* xq = reinterpret_cast<uint8_t*>(base);
+    int32_t* x8 = base + G * 32;
+    gemv512_prepare(XU, K, xq, x8);
+    executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      gemv512(xq, x8, XS[0], OFF[0], K, weight, scales, row_sums, bias, b0, b1, out);
+    });
+#else
     executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       gemv(XU, XS[0], OFF[0], K, weight, scales, row_sums, bias, b0, b1, out);
     });
+#endif
     return;
   }
   int64_t done = 0;  // blocks computed by panels

@@ -204,21 +204,36 @@ inline void weighted_acc(const float* p, int64_t n, const float* v, int64_t vs,
                          int64_t D, float* o) {
   int64_t d = 0;
 #ifdef ETS_AVX512
+  // Even and odd rows into two sets of accumulators: eight independent FMA chains, not
+  // four (one chain per 16 dims would wait on the FMA latency every row).
   for (; d + 64 <= D; d += 64) {
     __m512 a0 = _mm512_loadu_ps(o + d), a1 = _mm512_loadu_ps(o + d + 16);
     __m512 a2 = _mm512_loadu_ps(o + d + 32), a3 = _mm512_loadu_ps(o + d + 48);
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
     const float* vp = v + d;
-    for (int64_t j = 0; j < n; ++j, vp += vs) {
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2, vp += 2 * vs) {
+      const __m512 pj = _mm512_set1_ps(p[j]), pk = _mm512_set1_ps(p[j + 1]);
+      a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp), a0);
+      a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 16), a1);
+      a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 32), a2);
+      a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 48), a3);
+      b0 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vp + vs), b0);
+      b1 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vp + vs + 16), b1);
+      b2 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vp + vs + 32), b2);
+      b3 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vp + vs + 48), b3);
+    }
+    if (j < n) {
       const __m512 pj = _mm512_set1_ps(p[j]);
       a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp), a0);
       a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 16), a1);
       a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 32), a2);
       a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp + 48), a3);
     }
-    _mm512_storeu_ps(o + d, a0);
-    _mm512_storeu_ps(o + d + 16, a1);
-    _mm512_storeu_ps(o + d + 32, a2);
-    _mm512_storeu_ps(o + d + 48, a3);
+    _mm512_storeu_ps(o + d, _mm512_add_ps(a0, b0));
+    _mm512_storeu_ps(o + d + 16, _mm512_add_ps(a1, b1));
+    _mm512_storeu_ps(o + d + 32, _mm512_add_ps(a2, b2));
+    _mm512_storeu_ps(o + d + 48, _mm512_add_ps(a3, b3));
   }
 #endif
 #ifdef ETS_AVX2
