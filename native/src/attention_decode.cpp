@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace etserve {
 
@@ -74,7 +75,44 @@ struct alignas(64) Scratch {
   float s[kMaxG * kBlock];    // scores, then weights
   float ksc[kBlock], kzp[kBlock], vsc[kBlock], vzp[kBlock];  // the block's row parameters
   float qsum[kMaxG], m[kMaxG], l[kMaxG], zc[kMaxG];
+  // int8 queries with VNNI (vnni_block_scores): raw quads, sums, zero points, scales
+  int32_t q8[kMaxG * kMaxD / 4];
+  int32_t q8sum[kMaxG], q8zp[kMaxG];
+  float q8sc[kMaxG];
+  int32_t kzi[kBlock];  // the block's key zero points
 };
+
+#if defined(ETS_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define ETS_DECODE_VNNI 1
+
+// 16 rows of 16 dwords (one vector each) -> 16 vectors, vector q holding dword q of every row.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4m + k] now holds, in each 128-bit lane L, dword 4L + k' of rows 4m..4m+3 (k' per k)
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+#endif
 
 // Not inlined: the kernel then holds a plain pointer, where an inlined
 // thread_local would have it ask for the address again in every loop.
@@ -108,6 +146,17 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int6
       const int32_t qz = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + hq * a.q.zp_sh];
       dequant_row(a.q.i8 + b * a.q.sb + i * a.q.ss + hq * a.q.sh, D, qs * a.scale, qz, dst);
     }
+#if defined(ETS_DECODE_VNNI)
+    if (a.q.i8 != nullptr) {
+      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + hq * a.q.sh;
+      std::memcpy(sc.q8 + h * (D / 4), src, D);
+      int32_t sum = 0;
+      for (int d = 0; d < D; ++d) sum += src[d];
+      sc.q8sum[h] = sum;
+      sc.q8zp[h] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + hq * a.q.zp_sh];
+      sc.q8sc[h] = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + hq * a.q.sc_sh] * a.scale;
+    }
+#endif
     float s = 0;
     for (int d = 0; d < D; ++d) s += dst[d];
     sc.qsum[h] = s;
@@ -141,44 +190,86 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int6
     }
     for (int64_t j = 0; j < len; ++j) {
       sc.ksc[j] = ks[(jb + j) * K.sc_ss];
-      sc.kzp[j] = static_cast<float>(kz[(jb + j) * K.zp_ss]);
+      sc.kzi[j] = kz[(jb + j) * K.zp_ss];
+      sc.kzp[j] = static_cast<float>(sc.kzi[j]);
       sc.vsc[j] = vs[(jb + j) * V.sc_ss];
       sc.vzp[j] = static_cast<float>(vz[(jb + j) * V.zp_ss]);
     }
 
-    // Dot products: per key row, G vectors of partial sums.
-    for (int64_t j = 0; j < len; ++j) {
-      const int8_t* kr = kd + (jb + j) * K.ss;
-      if (j < n_ahead) {
-        for (int o = 0; o < D; o += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * kBlock * K.ss + o), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(vd + (ahead + j) * V.ss + o), _MM_HINT_T0);
+#if defined(ETS_DECODE_VNNI)
+    if (a.q.i8 != nullptr) {
+      // Exact int32 scores, as attention.cpp's VNNI tile computes them (see there): 16 keys
+      // at a time transposed in registers, D / 4 vpdpbusd per head.
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), ones = _mm512_set1_epi8(1);
+      for (int64_t c = 0; c < len; c += 16) {
+        const int64_t cnt = std::min<int64_t>(16, len - c);
+        __m512i dots[G];
+        for (int h = 0; h < G; ++h) dots[h] = _mm512_setzero_si512();
+        __m512i U = _mm512_setzero_si512();
+        for (int half = 0; half < D / 64; ++half) {
+          __m512i r[16];
+          for (int x = 0; x < 16; ++x) {
+            r[x] = x < cnt ? _mm512_xor_si512(_mm512_loadu_si512(kd + (jb + c + x) * K.ss + half * 64), flip)
+                           : _mm512_setzero_si512();
+            if (c + x < n_ahead) {
+              _mm_prefetch(reinterpret_cast<const char*>(kd + (ahead + c + x) * K.ss + half * 64), _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(vd + (ahead + c + x) * V.ss + half * 64), _MM_HINT_T0);
+            }
+          }
+          transpose16(r);
+          for (int q = 0; q < 16; ++q) {
+            U = _mm512_dpbusd_epi32(U, r[q], ones);
+            for (int h = 0; h < G; ++h)
+              dots[h] = _mm512_dpbusd_epi32(dots[h], r[q], _mm512_set1_epi32(sc.q8[h * (D / 4) + half * 16 + q]));
+          }
+        }
+        const __m512i A = _mm512_add_epi32(_mm512_set1_epi32(128), _mm512_loadu_si512(sc.kzi + c));
+        const __m512i B = _mm512_sub_epi32(U, _mm512_mullo_epi32(_mm512_set1_epi32(D), A));
+        const __m512 ksv = _mm512_loadu_ps(sc.ksc + c);
+        for (int h = 0; h < G; ++h) {
+          __m512i d = _mm512_sub_epi32(dots[h], _mm512_mullo_epi32(_mm512_set1_epi32(sc.q8sum[h]), A));
+          d = _mm512_sub_epi32(d, _mm512_mullo_epi32(_mm512_set1_epi32(sc.q8zp[h]), B));
+          _mm512_store_ps(sc.s + h * kBlock + c,
+                          _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), ksv), _mm512_set1_ps(sc.q8sc[h])));
         }
       }
-      T kc[NC];
-      for (int c = 0; c < NC; ++c) kc[c] = Vec::cvt(kr + c * W);
+    } else
+#endif
+    {
+    // Dot products: per key row, G vectors of partial sums.
+      for (int64_t j = 0; j < len; ++j) {
+        const int8_t* kr = kd + (jb + j) * K.ss;
+        if (j < n_ahead) {
+          for (int o = 0; o < D; o += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * kBlock * K.ss + o), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(vd + (ahead + j) * V.ss + o), _MM_HINT_T0);
+          }
+        }
+        T kc[NC];
+        for (int c = 0; c < NC; ++c) kc[c] = Vec::cvt(kr + c * W);
+        for (int h = 0; h < G; ++h) {
+          const float* q = sc.q + h * D;
+          T x = Vec::mul(Vec::load(q), kc[0]);
+          for (int c = 1; c < NC; ++c) x = Vec::fma(Vec::load(q + c * W), kc[c], x);
+          _mm256_store_ps(sc.part + (h * kBlock + j) * 8, Vec::to8(x));
+        }
+      }
+      // Scores: eight keys' sums at a time, less the zero points', times the scales.
       for (int h = 0; h < G; ++h) {
-        const float* q = sc.q + h * D;
-        T x = Vec::mul(Vec::load(q), kc[0]);
-        for (int c = 1; c < NC; ++c) x = Vec::fma(Vec::load(q + c * W), kc[c], x);
-        _mm256_store_ps(sc.part + (h * kBlock + j) * 8, Vec::to8(x));
+        float* srow = sc.s + h * kBlock;
+        const float* p = sc.part + h * kBlock * 8;
+        const __m256 qsum = _mm256_set1_ps(sc.qsum[h]);
+        int64_t j = 0;
+        for (; j + 8 <= len; j += 8) {
+          const float* pj = p + j * 8;
+          const __m256 dots = hsum8x8(_mm256_load_ps(pj), _mm256_load_ps(pj + 8), _mm256_load_ps(pj + 16),
+                                      _mm256_load_ps(pj + 24), _mm256_load_ps(pj + 32), _mm256_load_ps(pj + 40),
+                                      _mm256_load_ps(pj + 48), _mm256_load_ps(pj + 56));
+          _mm256_store_ps(srow + j, _mm256_mul_ps(_mm256_load_ps(sc.ksc + j),
+                                                  _mm256_fnmadd_ps(_mm256_load_ps(sc.kzp + j), qsum, dots)));
+        }
+        for (; j < len; ++j) srow[j] = sc.ksc[j] * (hsum256(_mm256_load_ps(p + j * 8)) - sc.kzp[j] * sc.qsum[h]);
       }
-    }
-    // Scores: eight keys' sums at a time, less the zero points', times the scales.
-    for (int h = 0; h < G; ++h) {
-      float* srow = sc.s + h * kBlock;
-      const float* p = sc.part + h * kBlock * 8;
-      const __m256 qsum = _mm256_set1_ps(sc.qsum[h]);
-      int64_t j = 0;
-      for (; j + 8 <= len; j += 8) {
-        const float* pj = p + j * 8;
-        const __m256 dots = hsum8x8(_mm256_load_ps(pj), _mm256_load_ps(pj + 8), _mm256_load_ps(pj + 16),
-                                    _mm256_load_ps(pj + 24), _mm256_load_ps(pj + 32), _mm256_load_ps(pj + 40),
-                                    _mm256_load_ps(pj + 48), _mm256_load_ps(pj + 56));
-        _mm256_store_ps(srow + j, _mm256_mul_ps(_mm256_load_ps(sc.ksc + j),
-                                                _mm256_fnmadd_ps(_mm256_load_ps(sc.kzp + j), qsum, dots)));
-      }
-      for (; j < len; ++j) srow[j] = sc.ksc[j] * (hsum256(_mm256_load_ps(p + j * 8)) - sc.kzp[j] * sc.qsum[h]);
     }
     // Online softmax; the weights times the value scales, and their zero-point correction.
     for (int h = 0; h < G; ++h) {
