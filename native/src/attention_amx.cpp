@@ -66,19 +66,7 @@ void load_tile_config(int m) {
   _tile_loadconfig(&cfg);
 }
 
-// e^x, x <= 0 or -inf (-> ~1e-38): simd.h's exp256 on 16 lanes, 2^n by vscalefps.
-inline __m512 exp512(__m512 x) {
-  using namespace simd;
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
+using simd::exp512;
 
 // 32 floats (a: the first 16, b: the next 16) as bf16, in order.
 inline __m512i to_bf16(__m512 a, __m512 b) { return (__m512i)_mm512_cvtne2ps_pbh(b, a); }

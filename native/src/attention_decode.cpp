@@ -48,6 +48,9 @@ struct Vec {
   static T bcast(const float* p) { return _mm512_set1_ps(*p); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static __m256 to8(T v) { return half_sum(v); }  // 8 lanes with the same total
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T exp(T x) { return exp512(x); }
+  static float sum(T v) { return hsum256(half_sum(v)); }
 };
 #else
 struct Vec {
@@ -64,6 +67,9 @@ struct Vec {
   static T bcast(const float* p) { return _mm256_broadcast_ss(p); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static __m256 to8(T v) { return v; }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T exp(T x) { return exp256(x); }
+  static float sum(T v) { return hsum256(v); }
 };
 #endif
 
@@ -284,17 +290,17 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int6
       const float corr = sc.m[h] > -INFINITY ? std::exp(sc.m[h] - mn) : 0.f;
       if (corr != 1.f) scale_row(sc.acc + h * D, D, corr);
       // One pass: e = exp(s - mn) summed; the weight e * v_scale stored; e * v_scale * v_zp summed.
-      const __m256 vmn = _mm256_set1_ps(mn);
-      __m256 vsum = _mm256_setzero_ps(), vzc = _mm256_setzero_ps();
+      const T vmn = Vec::set1(mn);
+      T vsum = Vec::set1(0.f), vzc = Vec::set1(0.f);
       int64_t j = 0;
-      for (; j + 8 <= len; j += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(srow + j), vmn));
-        const __m256 w = _mm256_mul_ps(e, _mm256_load_ps(sc.vsc + j));
-        _mm256_store_ps(srow + j, w);
-        vsum = _mm256_add_ps(vsum, e);
-        vzc = _mm256_fmadd_ps(w, _mm256_load_ps(sc.vzp + j), vzc);
+      for (; j + W <= len; j += W) {
+        const T e = Vec::exp(Vec::sub(Vec::load(srow + j), vmn));
+        const T w = Vec::mul(e, Vec::load(sc.vsc + j));
+        Vec::store(srow + j, w);
+        vsum = Vec::add(vsum, e);
+        vzc = Vec::fma(w, Vec::load(sc.vzp + j), vzc);
       }
-      float sum = hsum256(vsum), zc = hsum256(vzc);
+      float sum = Vec::sum(vsum), zc = Vec::sum(vzc);
       for (; j < len; ++j) {
         const float e = std::exp(srow[j] - mn);
         srow[j] = e * sc.vsc[j];

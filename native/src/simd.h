@@ -18,7 +18,7 @@
 
 namespace etserve::simd {
 
-// The exp of the softmaxes (exp256 here, attention_amx.cpp's 512-bit one):
+// The exp of the softmaxes (exp256, and exp512 with AVX-512):
 // inputs clamped to [kExpMin, kExpMax]; x = n ln2 + r with ln2 in two parts;
 // e^r = 1 + r + r^2 (((((c0 r + c1) r + c2) r + c3) r + c4) r + c5).
 constexpr float kExpMin = -87.0f, kExpMax = 88.0f;
@@ -57,6 +57,19 @@ inline __m256 exp256(__m256 x) {
 #endif
 
 #ifdef ETS_AVX512
+// e^x, x <= 0 or -inf (-> ~1e-38): exp256 on 16 lanes, 2^n by vscalefps.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
 // The two 256-bit halves of v added: 16 lanes -> 8 with the same total.
 inline __m256 half_sum(__m512 v) {
   return _mm256_add_ps(_mm512_castps512_ps256(v),
