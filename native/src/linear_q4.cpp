@@ -127,7 +127,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-constexpr int64_t kAhead = 512;  // bytes of each weight row fetched ahead of use
+constexpr int64_t kAhead = 4096;  // bytes of each weight stream fetched ahead of use
 
 // The four scales of a block's group (float16 bits) as floats.
 inline __m128 scales4(const uint16_t* p) {
