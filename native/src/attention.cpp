@@ -52,9 +52,9 @@ inline const float* load_row(const AttnOperand& x, int64_t b, int64_t s, int64_t
 // Per-thread work space of one tile: R rows x G heads = NQ query vectors.
 struct Scratch {
   std::vector<float> q, s, acc, m, l, kf, vf;
-  // int8 keys and values: a block's rows less their zero points (kf, vf), their
-  // scales, and the weights of the value rows (pw)
-  std::vector<float> ksc, vsc, pw;
+  // int8 keys and values: a block's rows less their zero points (kf; vf, then times
+  // their scales), and their scales
+  std::vector<float> ksc, vsc;
   // int8 queries and keys: both less their zero points as int16 (qi, ki), the
   // queries' scales (qf), a block's exact dot products (di)
   std::vector<int16_t> qi, ki;
@@ -69,7 +69,7 @@ struct Scratch {
   std::vector<uint8_t> ktbuf;
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
-        vf(kKeyBlock * D), ksc(kKeyBlock), vsc(kKeyBlock), pw(kKeyBlock), qi(nq * D),
+        vf(kKeyBlock * D), ksc(kKeyBlock), vsc(kKeyBlock), qi(nq * D),
         ki(kKeyBlock * D), qf(nq), di(kKeyBlock), lim(rows), q8(nq * D), qz(nq), qsum(nq),
         ka(kKeyBlock), kb(kKeyBlock), ktbuf(kKeyBlock * D + 64) {}
   uint8_t* kt() {
@@ -195,11 +195,11 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
   float* m = sc.m.data();
   float* l = sc.l.data();
   int64_t jmax = j0;
-  // int8 keys and values are read less their zero points (exact), their scales
-  // applied to the scores and to the weights instead of to every element; with
-  // int8 queries too, the scores' dot products are exact in int32 (the queries
-  // as int16 then, not floats).
-  const bool k8 = a.k.f32 == nullptr, v8 = a.v.f32 == nullptr;
+  // int8 keys are read less their zero points (exact), their scales applied to
+  // the scores instead of to every element; with int8 queries too, the scores'
+  // dot products are exact in int32 (the queries as int16 then, or raw with
+  // VNNI). int8 values: a block's rows dequantized once for the whole tile.
+  const bool k8 = a.k.f32 == nullptr;
   const bool exact = k8 && a.q.f32 == nullptr;
 #if defined(ETS_ATTN_VNNI)
   const bool vnni = exact && D % 4 == 0 && D <= kMaxVnniD;
@@ -321,23 +321,21 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       vp = a.v.f32 + b * a.v.sb + jb * a.v.ss + g * a.v.sh;
       vs = a.v.ss;
     } else {
+      // the rows less their zero points, times their scales: the values themselves
       raw_rows(a.v, b, jb, vis_max, g, D, sc.vf.data(), sc.vsc.data());
+      for (int64_t j = 0; j < vis_max; ++j) scale_row(sc.vf.data() + j * D, D, sc.vsc[j]);
       vp = sc.vf.data();
       vs = D;
     }
     for (int64_t r = 0; r < R; ++r) {
       const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
       if (vis == 0) continue;
-      for (int64_t h = 0; h < G; ++h) {
-        const int64_t t = r * G + h;
-        const float* p = sc.s.data() + t * kKeyBlock;
-        if (!v8) {
-          weighted_acc(p, vis, vp, vs, D, acc + t * D);
-          continue;
-        }
-        mul_elems(p, sc.vsc.data(), vis, sc.pw.data());
-        weighted_acc(sc.pw.data(), vis, vp, vs, D, acc + t * D);
-      }
+      const float* p = sc.s.data() + r * G * kKeyBlock;
+      float* o = acc + r * G * D;
+      int64_t h = 0;
+      for (; h + 2 <= G; h += 2)  // the heads of a row see the same keys: two at a time
+        weighted_acc2(p + h * kKeyBlock, p + (h + 1) * kKeyBlock, vis, vp, vs, D, o + h * D, o + (h + 1) * D);
+      if (h < G) weighted_acc(p + h * kKeyBlock, vis, vp, vs, D, o + h * D);
     }
   }
 

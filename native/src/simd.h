@@ -14,6 +14,8 @@
 #if defined(__AVX512F__)
 #define ETS_AVX512 1
 #endif
+#elif defined(__AVX512F__)
+#include <immintrin.h>
 #endif
 
 namespace etserve::simd {
@@ -25,6 +27,21 @@ constexpr float kExpMin = -87.0f, kExpMax = 88.0f;
 constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+#if defined(__AVX512F__)  // even without ETS_AVX2: attention_amx.cpp adds AVX-512 to any -march
+// e^x, x <= 0 or -inf (-> ~1e-38): exp256 on 16 lanes, 2^n by vscalefps.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
 
 #ifdef ETS_AVX2
 inline float hsum256(__m256 v) {
@@ -57,19 +74,6 @@ inline __m256 exp256(__m256 x) {
 #endif
 
 #ifdef ETS_AVX512
-// e^x, x <= 0 or -inf (-> ~1e-38): exp256 on 16 lanes, 2^n by vscalefps.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // The two 256-bit halves of v added: 16 lanes -> 8 with the same total.
 inline __m256 half_sum(__m512 v) {
   return _mm256_add_ps(_mm512_castps512_ps256(v),
@@ -308,6 +312,47 @@ inline void weighted_acc(const float* p, int64_t n, const float* v, int64_t vs,
       for (int64_t t = 0; t < rest; ++t) o[d + t] += pj * vp[t];
     }
   }
+}
+
+// weighted_acc for two weight rows over the same value rows: o0 += sum_j p0[j] v(j),
+// o1 += sum_j p1[j] v(j), each value row loaded once for both.
+inline void weighted_acc2(const float* p0, const float* p1, int64_t n, const float* v, int64_t vs,
+                          int64_t D, float* o0, float* o1) {
+#ifdef ETS_AVX512
+  if (D % 64 == 0) {
+    for (int64_t d = 0; d < D; d += 64) {
+      __m512 a0 = _mm512_loadu_ps(o0 + d), a1 = _mm512_loadu_ps(o0 + d + 16);
+      __m512 a2 = _mm512_loadu_ps(o0 + d + 32), a3 = _mm512_loadu_ps(o0 + d + 48);
+      __m512 b0 = _mm512_loadu_ps(o1 + d), b1 = _mm512_loadu_ps(o1 + d + 16);
+      __m512 b2 = _mm512_loadu_ps(o1 + d + 32), b3 = _mm512_loadu_ps(o1 + d + 48);
+      const float* vp = v + d;
+      for (int64_t j = 0; j < n; ++j, vp += vs) {
+        const __m512 x = _mm512_set1_ps(p0[j]), y = _mm512_set1_ps(p1[j]);
+        const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16);
+        const __m512 v2 = _mm512_loadu_ps(vp + 32), v3 = _mm512_loadu_ps(vp + 48);
+        a0 = _mm512_fmadd_ps(x, v0, a0);
+        a1 = _mm512_fmadd_ps(x, v1, a1);
+        a2 = _mm512_fmadd_ps(x, v2, a2);
+        a3 = _mm512_fmadd_ps(x, v3, a3);
+        b0 = _mm512_fmadd_ps(y, v0, b0);
+        b1 = _mm512_fmadd_ps(y, v1, b1);
+        b2 = _mm512_fmadd_ps(y, v2, b2);
+        b3 = _mm512_fmadd_ps(y, v3, b3);
+      }
+      _mm512_storeu_ps(o0 + d, a0);
+      _mm512_storeu_ps(o0 + d + 16, a1);
+      _mm512_storeu_ps(o0 + d + 32, a2);
+      _mm512_storeu_ps(o0 + d + 48, a3);
+      _mm512_storeu_ps(o1 + d, b0);
+      _mm512_storeu_ps(o1 + d + 16, b1);
+      _mm512_storeu_ps(o1 + d + 32, b2);
+      _mm512_storeu_ps(o1 + d + 48, b3);
+    }
+    return;
+  }
+#endif
+  weighted_acc(p0, n, v, vs, D, o0);
+  weighted_acc(p1, n, v, vs, D, o1);
 }
 
 // dst[0..n) = (x[0..n) - zero_point) * scale: one int8 row dequantized.
