@@ -52,9 +52,9 @@ inline const float* load_row(const AttnOperand& x, int64_t b, int64_t s, int64_t
 // Per-thread work space of one tile: R rows x G heads = NQ query vectors.
 struct Scratch {
   std::vector<float> q, s, acc, m, l, kf, vf;
-  // int8 keys and values: a block's rows less their zero points (kf; vf, then times
-  // their scales), and their scales
-  std::vector<float> ksc, vsc;
+  // int8 keys: a block's rows less their zero points (kf) and their scales (ksc);
+  // int8 values: a block's rows dequantized (vf)
+  std::vector<float> ksc;
   // int8 queries and keys: both less their zero points as int16 (qi, ki), the
   // queries' scales (qf), a block's exact dot products (di)
   std::vector<int16_t> qi, ki;
@@ -69,14 +69,13 @@ struct Scratch {
   std::vector<uint8_t> ktbuf;
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
-        vf(kKeyBlock * D), ksc(kKeyBlock), vsc(kKeyBlock), qi(nq * D),
+        vf(kKeyBlock * D), ksc(kKeyBlock), qi(nq * D),
         ki(kKeyBlock * D), qf(nq), di(kKeyBlock), lim(rows), q8(nq * D), qz(nq), qsum(nq),
         ka(kKeyBlock), kb(kKeyBlock), ktbuf(kKeyBlock * D + 64) {}
   uint8_t* kt() {
     return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ktbuf.data()) + 63) & ~uintptr_t(63));
   }
 };
-
 
 // Rows [j, end) of kv head g of the int8 keys and values asked for one row at a
 // time while the kernel converts the block before (in a burst, the prefetches
@@ -116,13 +115,12 @@ void raw_rows(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h,
   }
 }
 
-#if defined(ETS_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(ETS_VNNI512)
 #define ETS_ATTN_VNNI 1
-// Exact int32 scores with 512-bit vpdpbusd, for int8 queries and keys: with u = k + 128
-// (unsigned) and the queries' raw int8 q, sum (q - qz)(k - kz) = sum q u - Q (128 + kz)
-// - qz (U - D (128 + kz)), Q = sum q, U = sum u. A block's keys are packed as [16-key chunk]
-// [quad of dims][16 keys][4 bytes], so one vector holds the same four dims of 16 keys, and
-// every query runs D / 4 vpdpbusd per 16 keys with its quads broadcast, no horizontal sums.
+// Exact int32 scores with 512-bit vpdpbusd (simd.h's exact_scores16): a block's keys are
+// packed plus 128 as [16-key chunk][quad of dims][16 keys][4 bytes], so one vector holds the
+// same four dims of 16 keys, and every query runs D / 4 vpdpbusd per 16 keys with its raw
+// quads broadcast, no horizontal sums.
 
 // Rows [j0, j0 + n) of kv head h of the int8 keys into sc (kt, ka, kb, ksc).
 void vnni_keys(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h, int64_t D,
@@ -168,10 +166,10 @@ void vnni_scores(Scratch& sc, int64_t t, int64_t D, int64_t vis, float c, float*
       acc1 = _mm512_dpbusd_epi32(acc1, _mm512_load_si512(chunk + (d + 1) * 64), _mm512_set1_epi32(q[d + 1]));
     }
     if (d < DQ) acc0 = _mm512_dpbusd_epi32(acc0, _mm512_load_si512(chunk + d * 64), _mm512_set1_epi32(q[d]));
-    __m512i dot = _mm512_add_epi32(acc0, acc1);
-    dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(Q, _mm512_loadu_si512(sc.ka.data() + j)));
-    dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(qz, _mm512_loadu_si512(sc.kb.data() + j)));
-    _mm512_storeu_ps(srow + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_loadu_ps(sc.ksc.data() + j)), vc));
+    _mm512_storeu_ps(srow + j, exact_scores16(_mm512_add_epi32(acc0, acc1), Q, qz,
+                                              _mm512_loadu_si512(sc.ka.data() + j),
+                                              _mm512_loadu_si512(sc.kb.data() + j),
+                                              _mm512_loadu_ps(sc.ksc.data() + j), vc));
   }
 }
 #endif
@@ -321,9 +319,8 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       vp = a.v.f32 + b * a.v.sb + jb * a.v.ss + g * a.v.sh;
       vs = a.v.ss;
     } else {
-      // the rows less their zero points, times their scales: the values themselves
-      raw_rows(a.v, b, jb, vis_max, g, D, sc.vf.data(), sc.vsc.data());
-      for (int64_t j = 0; j < vis_max; ++j) scale_row(sc.vf.data() + j * D, D, sc.vsc[j]);
+      // the values themselves, each row dequantized once for the whole tile
+      for (int64_t j = 0; j < vis_max; ++j) load_row(a.v, b, jb + j, g, D, sc.vf.data() + j * D);
       vp = sc.vf.data();
       vs = D;
     }

@@ -88,7 +88,7 @@ struct alignas(64) Scratch {
   int32_t kzi[kBlock];  // the block's key zero points
 };
 
-#if defined(ETS_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(ETS_VNNI512)
 #define ETS_DECODE_VNNI 1
 
 // 16 rows of 16 dwords (one vector each) -> 16 vectors, vector q holding dword q of every row.
@@ -232,8 +232,8 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int6
 
 #if defined(ETS_DECODE_VNNI)
     if (a.q.i8 != nullptr) {
-      // Exact int32 scores, as attention.cpp's VNNI tile computes them (see there): 16 keys
-      // at a time transposed in registers, D / 4 vpdpbusd per head.
+      // Exact int32 scores (simd.h's exact_scores16): 16 keys at a time transposed in
+      // registers, D / 4 vpdpbusd per head.
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), ones = _mm512_set1_epi8(1);
       for (int64_t c = 0; c < len; c += 16) {
         const int64_t cnt = std::min<int64_t>(16, len - c);
@@ -260,12 +260,10 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int6
         const __m512i A = _mm512_add_epi32(_mm512_set1_epi32(128), _mm512_loadu_si512(sc.kzi + c));
         const __m512i B = _mm512_sub_epi32(U, _mm512_mullo_epi32(_mm512_set1_epi32(D), A));
         const __m512 ksv = _mm512_loadu_ps(sc.ksc + c);
-        for (int h = 0; h < G; ++h) {
-          __m512i d = _mm512_sub_epi32(dots[h], _mm512_mullo_epi32(_mm512_set1_epi32(sc.q8sum[h]), A));
-          d = _mm512_sub_epi32(d, _mm512_mullo_epi32(_mm512_set1_epi32(sc.q8zp[h]), B));
+        for (int h = 0; h < G; ++h)
           _mm512_store_ps(sc.s + h * kBlock + c,
-                          _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), ksv), _mm512_set1_ps(sc.q8sc[h])));
-        }
+                          exact_scores16(dots[h], _mm512_set1_epi32(sc.q8sum[h]), _mm512_set1_epi32(sc.q8zp[h]),
+                                         A, B, ksv, _mm512_set1_ps(sc.q8sc[h])));
       }
     } else
 #endif

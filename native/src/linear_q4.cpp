@@ -92,6 +92,12 @@ void quantize_row(const float* x, int64_t K, uint8_t* xu, float* scale_out, int3
   *off_out = off;
 }
 
+// p rounded up to a multiple of 64 bytes (buffers allocated 64 bytes long).
+template <typename T>
+T* align64(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
 inline float finish(float acc, float xs, int32_t off, const float* row_sums, const float* bias,
                     int64_t n) {
   float y = xs * (acc - static_cast<float>(off) * row_sums[n]);
@@ -498,7 +504,7 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
     thread_local std::vector<int32_t> xbuf;  // xq then x8, 64-byte aligned
     const int64_t G = K / kQ4Group;
     xbuf.resize(static_cast<size_t>(G * 32 + G * 16 + 16));
-    int32_t* base = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(xbuf.data()) + 63) & ~uintptr_t(63));
+    int32_t* base = align64(xbuf.data());
     uint8_t* xq = reinterpret_cast<uint8_t*>(base);
     int32_t* x8 = base + G * 32;
     gemv512_prepare(XU, K, xq, x8);
@@ -521,9 +527,8 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
       thread_local std::vector<float> ps;
       pw.resize(static_cast<size_t>(K / kQ4Group * 8 * kPanel * 4 + 64));
       ps.resize(static_cast<size_t>(K / kQ4Group * kPanel + 16));
-      auto align = [](auto* p) { return reinterpret_cast<decltype(p)>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); };
-      gemm_panels(XU, XS, OFF, M, K, weight, scales, row_sums, bias, N, p0, p1, out, align(pw.data()),
-                  align(ps.data()));
+      gemm_panels(XU, XS, OFF, M, K, weight, scales, row_sums, bias, N, p0, p1, out, align64(pw.data()),
+                  align64(ps.data()));
     });
     done = panels * (kPanel / 4);
   }

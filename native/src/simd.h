@@ -13,6 +13,9 @@
 #define ETS_AVX2 1
 #if defined(__AVX512F__)
 #define ETS_AVX512 1
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define ETS_VNNI512 1
+#endif
 #endif
 #elif defined(__AVX512F__)
 #include <immintrin.h>
@@ -354,6 +357,19 @@ inline void weighted_acc2(const float* p0, const float* p1, int64_t n, const flo
   weighted_acc(p0, n, v, vs, D, o0);
   weighted_acc(p1, n, v, vs, D, o1);
 }
+
+#ifdef ETS_VNNI512
+// Attention scores of one query vector for 16 int8 keys, exact in int32 before the scales. The
+// keys enter vpdpbusd unsigned, u = k + 128, against the query's raw int8 q: with dot = sum q u,
+// Q = sum q and U = sum u, sum (q - qz)(k - kz) = dot - Q a - qz b, a = 128 + kz and
+// b = U - D a (per key). Times the keys' scales ksc and the query's c.
+inline __m512 exact_scores16(__m512i dot, __m512i Q, __m512i qz, __m512i a, __m512i b, __m512 ksc,
+                             __m512 c) {
+  dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(Q, a));
+  dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(qz, b));
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), ksc), c);
+}
+#endif
 
 // dst[0..n) = (x[0..n) - zero_point) * scale: one int8 row dequantized.
 inline void dequant_row(const int8_t* x, int64_t n, float scale, int32_t zero_point, float* dst) {
