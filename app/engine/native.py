@@ -124,6 +124,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "ets_set_num_threads": (ctypes.c_int, [ctypes.c_int]),
         "ets_get_num_threads": (ctypes.c_int, []),
         "ets_attention_kernel": (ctypes.c_int, [ctypes.c_int]),
+        "ets_vector_isa": (ctypes.c_char_p, []),
         "ets_model_open": (p_model, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
         "ets_model_close": (None, [p_model]),
         "ets_model_error": (ctypes.c_char_p, [p_model]),
@@ -185,7 +186,8 @@ def library() -> ctypes.CDLL:
     if _lib is None:
         path = library_path()
         _lib = _load_library(path)
-        log.info("native runtime: %s (attention over int8 KV caches: %s)", path.resolve(),
+        log.info("native runtime: %s (built for %s; attention over int8 KV caches: %s)", path.resolve(),
+                 _lib.ets_vector_isa().decode(),
                  "Intel AMX tiles" if _lib.ets_attention_kernel(-1) == 1 else "generic")
     return _lib
 

@@ -86,6 +86,10 @@ ETS_API int ets_get_num_threads(void);
  * environment sets ETSERVE_ATTENTION=generic. */
 ETS_API int ets_attention_kernel(int want);
 
+/* The vector instructions the library was built for (its -march): "avx512-vnni",
+ * "avx512", "avx2" or "scalar". The kernels pick their paths by it at build time. */
+ETS_API const char* ets_vector_isa(void);
+
 /* Opens a .pte and loads its forward method; NULL on failure with `err` filled
  * (operators the program needs but this runtime lacks are named there). */
 ETS_API ets_model* ets_model_open(const char* path, char* err, size_t err_len);

@@ -446,25 +446,18 @@ AmxScratch* amx_scratch_for(int64_t rows, int64_t G) {
   return c.s;
 }
 
-// One thread's tile runner: the AMX tile when it applies; else for one query
-// row over int8 caches the decode kernel (attention_decode.h), and the
-// generic tile for the rest.
+// One thread's tile runner: the AMX tile when it applies, else the generic tile.
 class TileRunner {
  public:
   TileRunner(const AttnArgs& a, int64_t R, bool amx)
       : a_(a), amx_(amx ? amx_scratch_for(R, a.H / a.Hkv) : nullptr),
-        decode_(amx_ == nullptr && R == 1 && decode_attention_applies(a)),
-        sc_(amx_ || decode_ ? 0 : R * (a.H / a.Hkv), amx_ || decode_ ? 0 : R,
-            amx_ || decode_ ? 0 : a.D) {}
+        sc_(amx_ ? 0 : R * (a.H / a.Hkv), amx_ ? 0 : R, amx_ ? 0 : a.D) {}
   TileRunner(const TileRunner&) = delete;
   TileRunner& operator=(const TileRunner&) = delete;
 
   void run(int64_t b, int64_t i0, int64_t rows, int64_t g, int64_t j0, int64_t j1,
            const Partial* partial) {
-    if (decode_) {
-      attend_decode(a_, b, i0, g, j0, j1, partial ? partial->m : nullptr,
-                    partial ? partial->l : nullptr, partial ? partial->acc : nullptr);
-    } else if (amx_ != nullptr) {
+    if (amx_ != nullptr) {
       attend_tile_amx(a_, b, i0, rows, g, j0, j1, amx_, partial ? partial->m : nullptr,
                       partial ? partial->l : nullptr, partial ? partial->acc : nullptr);
     } else {
@@ -475,9 +468,62 @@ class TileRunner {
  private:
   const AttnArgs& a_;
   AmxScratch* amx_;
-  bool decode_;
   Scratch sc_;
 };
+
+// dst[0, D) = n partial softmaxes of query vector t merged and normalized: part c at
+// parts + c * per holds the maxima [0, NQ), the sums [NQ, 2 NQ), the weighted sums from 2 NQ.
+void merge_partials(const float* parts, int64_t n, int64_t per, int64_t NQ, int64_t t, int64_t D,
+                    float* dst) {
+  std::fill(dst, dst + D, 0.f);
+  float M = -INFINITY;
+  for (int64_t c = 0; c < n; ++c) M = std::max(M, parts[c * per + t]);
+  if (!(M > -INFINITY)) return;
+  float L = 0.f;
+  for (int64_t c = 0; c < n; ++c) {
+    const float* base = parts + c * per;
+    if (!(base[t] > -INFINITY)) continue;
+    const float w = std::exp(base[t] - M);
+    L += w * base[NQ + t];
+    const float* accp = base + 2 * NQ + t * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] += w * accp[d];
+  }
+  const float s = L > 0.f ? 1.f / L : 0.f;
+  for (int64_t d = 0; d < D; ++d) dst[d] *= s;
+}
+
+// One query row (a decode step) on attention_decode.h's kernel: per batch the visible keys cut
+// into one range per thread (whole blocks), every head over each, then the ranges merged.
+void run_decode(const AttnArgs& a) {
+  const int64_t H = a.H, D = a.D;
+  const int64_t lim = a.causal ? std::min(a.n_kv, a.start_pos + 1) : a.n_kv;
+  const int64_t threads = thread_count();
+  int64_t ranges = 1;
+  if (threads > 1 && a.B < threads && a.B * lim * H * D >= (1 << 17))  // below ~20 us: one thread
+    ranges = std::min<int64_t>((threads + a.B - 1) / a.B, std::max<int64_t>(1, lim / 128));
+  if (lim <= 0) ranges = 1;
+  const int64_t chunk = (std::max<int64_t>(lim, 1) + ranges - 1) / ranges + kKeyBlock - 1;
+  const int64_t step = chunk / kKeyBlock * kKeyBlock;  // whole blocks
+  ranges = std::max<int64_t>(1, (lim + step - 1) / step);
+  if (ranges == 1) {
+    executorch::extension::parallel_for(0, a.B, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) attend_decode(a, b, 0, 0, a.n_kv, nullptr, nullptr, nullptr);
+    });
+    return;
+  }
+  const int64_t per = H * (D + 2);  // per (batch, range): H maxima, H sums, H * D sums
+  std::vector<float> part(static_cast<size_t>(a.B * ranges * per));
+  executorch::extension::parallel_for(0, a.B * ranges, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / ranges, c = w % ranges;
+      float* base = part.data() + w * per;
+      attend_decode(a, b, 0, c * step, std::min(lim, (c + 1) * step), base, base + H, base + 2 * H);
+    }
+  });
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t t = 0; t < H; ++t)
+      merge_partials(part.data() + b * ranges * per, ranges, per, H, t, D, a.o + b * a.o_sb + t * a.o_sh);
+}
 
 }  // namespace
 
@@ -488,6 +534,10 @@ void run_attention(const AttnArgs& a) {
   const int64_t units = a.B * tiles * a.Hkv;  // (batch, row tile, kv head)
   if (units <= 0) return;
   const bool amx = amx_attention_applies(a) && kernel_choice() == 1;
+  if (a.S == 1 && !amx && decode_attention_applies(a)) {
+    run_decode(a);
+    return;
+  }
   // Unit u -> batch, first row, rows, kv head.
   auto unit = [&](int64_t u, int64_t* b, int64_t* i0, int64_t* rows, int64_t* g) {
     *g = u % a.Hkv;
@@ -548,22 +598,8 @@ void run_attention(const AttnArgs& a) {
     unit(u, &b, &i0, &rows, &g);
     for (int64_t t = 0; t < rows * G; ++t) {
       const int64_t r = t / G, h = t % G;
-      float* dst = a.o + b * a.o_sb + (i0 + r) * a.o_ss + (g * G + h) * a.o_sh;
-      std::fill(dst, dst + a.D, 0.f);
-      float M = -INFINITY;
-      for (int64_t c = 0; c < splits; ++c) M = std::max(M, part[(u * splits + c) * per + t]);
-      if (!(M > -INFINITY)) continue;
-      float L = 0.f;
-      for (int64_t c = 0; c < splits; ++c) {
-        const float* base = part.data() + (u * splits + c) * per;
-        if (!(base[t] > -INFINITY)) continue;
-        const float w = std::exp(base[t] - M);
-        L += w * base[NQ + t];
-        const float* accp = base + 2 * NQ + t * a.D;
-        for (int64_t d = 0; d < a.D; ++d) dst[d] += w * accp[d];
-      }
-      const float s = L > 0.f ? 1.f / L : 0.f;
-      for (int64_t d = 0; d < a.D; ++d) dst[d] *= s;
+      merge_partials(part.data() + u * splits * per, splits, per, NQ, t, a.D,
+                     a.o + b * a.o_sb + (i0 + r) * a.o_ss + (g * G + h) * a.o_sh);
     }
   }
 }

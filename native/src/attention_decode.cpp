@@ -11,6 +11,7 @@
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
 // -Wmaybe-uninitialized reports where they are inlined.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "simd.h"
 
@@ -73,19 +74,28 @@ struct Vec {
 };
 #endif
 
-// One thread's work space (a decode step calls once per layer: kept).
+// One thread's work space (a decode step calls once per layer: kept). Per query head t (all H of
+// them: t = g * G + h) the running state; per block the one kv head's work.
+constexpr int kMaxH = 64;
 struct alignas(64) Scratch {
-  float q[kMaxG * kMaxD];     // queries, dequantized and times the softmax scale
-  float acc[kMaxG * kMaxD];   // unnormalized weighted sums
+  float q[kMaxH * kMaxD];     // queries, dequantized and times the softmax scale
+  float acc[kMaxH * kMaxD];   // unnormalized weighted sums
+  float qsum[kMaxH], m[kMaxH], l[kMaxH];
+  // int8 queries with VNNI (exact scores): raw quads, sums, zero points, scales
+  int32_t q8[kMaxH * kMaxD / 4];
+  int32_t q8sum[kMaxH], q8zp[kMaxH];
+  float q8sc[kMaxH];
+  // one kv head's block
   float part[kMaxG * kBlock * 8];  // per head and key: 8 lanes whose total is the dot product
   float s[kMaxG * kBlock];    // scores, then weights
   float ksc[kBlock], kzp[kBlock], vsc[kBlock], vzp[kBlock];  // the block's row parameters
-  float qsum[kMaxG], m[kMaxG], l[kMaxG], zc[kMaxG];
-  // int8 queries with VNNI (vnni_block_scores): raw quads, sums, zero points, scales
-  int32_t q8[kMaxG * kMaxD / 4];
-  int32_t q8sum[kMaxG], q8zp[kMaxG];
-  float q8sc[kMaxG];
-  int32_t kzi[kBlock];  // the block's key zero points
+  float zc[kMaxG];
+  int32_t kzi[kBlock], vzi[kBlock];  // the block's zero points
+  // VNNI weighted sums: per head the block's weights as 16-bit fixed point (pairs of keys are
+  // one dword), their scale, and sum(weight * value zero point) in those units
+  alignas(64) int32_t wq[kMaxG * kBlock / 2];
+  int32_t wzc[kMaxG];
+  float wsc[kMaxG];
 };
 
 #if defined(ETS_VNNI512)
@@ -118,6 +128,66 @@ inline void transpose16(__m512i r[16]) {
     r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
   }
 }
+
+// Lanes [0, min(n, 16)).
+inline __mmask16 tail_mask16(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1); }
+
+// acc += wsc * (sum over the block's value rows of u * (v8 - v_zp)), per head, with
+// u = wq + 32768 (vnni_weights' form): sum(wq * v8) + 32768 * sum(v8) - wzc, 32 dims at a time.
+// Two keys' rows are sign-extended to 16 bits and interleaved so that one vpdpwssd takes a pair
+// of keys for 16 dims; the rows' sums over the block are kept in 16 bits (at most 64 * 128).
+// The lanes come out in the order vnni_unorder undoes.
+template <int G, int D>
+inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t ss, int64_t len) {
+  for (int c = 0; c < D / 32; ++c) {
+    const int8_t* vr = v + c * 32;
+    auto row = [&](int64_t j) {
+      return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + j * ss)));
+    };
+    __m512i o[G][2];
+    for (int h = 0; h < G; ++h) o[h][0] = o[h][1] = _mm512_setzero_si512();
+    __m512i colsum = _mm512_setzero_si512();
+    auto pair = [&](__m512i a, __m512i b, int64_t j) {
+      colsum = _mm512_add_epi16(colsum, _mm512_add_epi16(a, b));
+      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+      for (int h = 0; h < G; ++h) {
+        const __m512i w = _mm512_set1_epi32(sc.wq[h * (kBlock / 2) + j / 2]);
+        o[h][0] = _mm512_dpwssd_epi32(o[h][0], lo, w);
+        o[h][1] = _mm512_dpwssd_epi32(o[h][1], hi, w);
+      }
+    };
+    int64_t j = 0;
+    for (; j + 2 <= len; j += 2) pair(row(j), row(j + 1), j);
+    if (j < len) pair(row(j), _mm512_setzero_si512(), j);
+    // 32768 * the sums, sign-extended into the two vectors' lane order
+    const __m512i sum_lo = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_unpacklo_epi16(colsum, colsum), 16), 15);
+    const __m512i sum_hi = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_unpackhi_epi16(colsum, colsum), 16), 15);
+    for (int h = 0; h < G; ++h) {
+      const __m512i zc = _mm512_set1_epi32(sc.wzc[h]);
+      const __m512 s = _mm512_set1_ps(sc.wsc[h]);
+      float* acc = acc0 + h * D + c * 32;
+      const __m512i x0 = _mm512_sub_epi32(_mm512_add_epi32(o[h][0], sum_lo), zc);
+      const __m512i x1 = _mm512_sub_epi32(_mm512_add_epi32(o[h][1], sum_hi), zc);
+      _mm512_store_ps(acc, _mm512_fmadd_ps(_mm512_cvtepi32_ps(x0), s, _mm512_load_ps(acc)));
+      _mm512_store_ps(acc + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(x1), s, _mm512_load_ps(acc + 16)));
+    }
+  }
+}
+
+// vnni_weighted_sums' lane order, per 32 dims: lane 4L + k of the first vector is dim 8L + k,
+// of the second dim 8L + 4 + k (L < 4, k < 4; unpacking works within 128-bit lanes).
+template <int D>
+inline void vnni_unorder(float* acc) {
+  for (int c = 0; c < D; c += 32) {
+    float t[32];
+    std::memcpy(t, acc + c, sizeof t);
+    for (int L = 0; L < 4; ++L)
+      for (int k = 0; k < 4; ++k) {
+        acc[c + 8 * L + k] = t[4 * L + k];
+        acc[c + 8 * L + 4 + k] = t[16 + 4 * L + k];
+      }
+  }
+}
 #endif
 
 // Not inlined: the kernel then holds a plain pointer, where an inlined
@@ -127,53 +197,25 @@ __attribute__((noinline)) Scratch& scratch() {
   return s;
 }
 
-// Lines of [p, p + n * stride) elements of `size` bytes, asked for.
-inline void prefetch_span(const void* p, int64_t n, int64_t stride, int64_t size) {
+// Lines of n rows of `bytes` bytes, `stride` apart, asked for: one span when they are close.
+inline void prefetch_rows(const void* p, int64_t n, int64_t stride, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  const int64_t bytes = (n - 1) * stride * size + size;
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+  if (stride <= bytes + 64) {
+    const int64_t span = (n - 1) * stride + bytes;
+    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+    return;
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + r * stride + o, _MM_HINT_T0);
 }
 
+// Block [jb, jb + len) of kv head g for its G query heads (state at t0 = g * G).
 template <int G, int D>
-void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int64_t j1,
-            float* pm, float* pl, float* pacc) {
+inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, int64_t jb, int64_t len,
+                         int64_t n_ahead, const float* mrow) {
   using T = Vec::T;
   constexpr int W = Vec::W, NC = D / W;
-  Scratch& sc = scratch();
-
-  for (int h = 0; h < G; ++h) {
-    float* dst = sc.q + h * D;
-    const int64_t hq = g * G + h;
-    if (a.q.f32 != nullptr) {
-      const float* src = a.q.f32 + b * a.q.sb + i * a.q.ss + hq * a.q.sh;
-      for (int d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
-    } else {
-      const float qs = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + hq * a.q.sc_sh];
-      const int32_t qz = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + hq * a.q.zp_sh];
-      dequant_row(a.q.i8 + b * a.q.sb + i * a.q.ss + hq * a.q.sh, D, qs * a.scale, qz, dst);
-    }
-#if defined(ETS_DECODE_VNNI)
-    if (a.q.i8 != nullptr) {
-      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + hq * a.q.sh;
-      std::memcpy(sc.q8 + h * (D / 4), src, D);
-      int32_t sum = 0;
-      for (int d = 0; d < D; ++d) sum += src[d];
-      sc.q8sum[h] = sum;
-      sc.q8zp[h] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + hq * a.q.zp_sh];
-      sc.q8sc[h] = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + hq * a.q.sc_sh] * a.scale;
-    }
-#endif
-    float s = 0;
-    for (int d = 0; d < D; ++d) s += dst[d];
-    sc.qsum[h] = s;
-    sc.m[h] = -INFINITY;
-    sc.l[h] = 0.f;
-    std::fill(sc.acc + h * D, sc.acc + (h + 1) * D, 0.f);
-  }
-
-  int64_t lim = a.n_kv;
-  if (a.causal) lim = std::min(lim, a.start_pos + i + 1);
-  const int64_t jend = std::min(j1, lim);
+  const int64_t t0 = g * G;
   const AttnOperand &K = a.k, &V = a.v;
   const int8_t* kd = K.i8 + b * K.sb + g * K.sh;
   const int8_t* vd = V.i8 + b * V.sb + g * V.sh;
@@ -181,191 +223,293 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int6
   const float* vs = V.scale + b * V.sc_sb + g * V.sc_sh;
   const int8_t* kz = K.zero_point + b * K.zp_sb + g * K.zp_sh;
   const int8_t* vz = V.zero_point + b * V.zp_sb + g * V.zp_sh;
-  const float* mrow = a.mask ? a.mask + i * a.mask_ss : nullptr;
 
-  for (int64_t jb = j0; jb < jend; jb += kBlock) {
-    const int64_t len = std::min(kBlock, jend - jb);
-    // The row parameters of the block kAhead blocks on (its rows come one by one below).
-    const int64_t ahead = jb + kAhead * kBlock;
-    const int64_t n_ahead = std::min(kBlock, jend - ahead);
-    if (n_ahead > 0) {
-      prefetch_span(ks + ahead * K.sc_ss, n_ahead, K.sc_ss, sizeof(float));
-      prefetch_span(vs + ahead * V.sc_ss, n_ahead, V.sc_ss, sizeof(float));
-      prefetch_span(kz + ahead * K.zp_ss, n_ahead, K.zp_ss, 1);
-      prefetch_span(vz + ahead * V.zp_ss, n_ahead, V.zp_ss, 1);
-    }
-    int64_t jp = 0;
+  // The block's row parameters.
+  int64_t jp = 0;
 #if defined(ETS_AVX512) && defined(__AVX512BW__)
-    // Two kv heads (a model's usual stride of 2 in all four): 16 rows' parameters at a time.
-    if (K.sc_ss == 2 && V.sc_ss == 2 && K.zp_ss == 2 && V.zp_ss == 2) {
-      const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-      for (; jp < len; jp += 16) {
-        const int64_t n = std::min<int64_t>(16, len - jp);
-        const __mmask16 m16 = static_cast<__mmask16>((1u << n) - 1);
-        const __mmask16 lo = static_cast<__mmask16>(n > 8 ? 0xFFFF : (1u << (2 * n - 1)) - 1);
-        const __mmask16 hi = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8) - 1)) - 1 : 0);
-        const __mmask32 m8 = static_cast<__mmask32>((uint64_t(1) << (2 * n - 1)) - 1);
-        auto gather2 = [&](const float* base) {  // base[0], base[2], ... base[2 (n - 1)]
-          const __m512 a = _mm512_maskz_loadu_ps(lo, base), b = _mm512_maskz_loadu_ps(hi, base + 16);
-          return _mm512_permutex2var_ps(a, even, b);
-        };
-        auto zeros2 = [&](const int8_t* base) {  // the same of int8 zero points, as int32
-          const __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m8, base));
-          return _mm512_srai_epi32(_mm512_slli_epi32(w, 16), 16);
-        };
-        _mm512_mask_storeu_ps(sc.ksc + jp, m16, gather2(ks + (jb + jp) * 2));
-        _mm512_mask_storeu_ps(sc.vsc + jp, m16, gather2(vs + (jb + jp) * 2));
-        const __m512i kzv = zeros2(kz + (jb + jp) * 2), vzv = zeros2(vz + (jb + jp) * 2);
-        _mm512_mask_storeu_epi32(sc.kzi + jp, m16, kzv);
-        _mm512_mask_storeu_ps(sc.kzp + jp, m16, _mm512_cvtepi32_ps(kzv));
-        _mm512_mask_storeu_ps(sc.vzp + jp, m16, _mm512_cvtepi32_ps(vzv));
-      }
+  // Two kv heads (a model's usual stride of 2 in all four): 16 rows' parameters at a time.
+  if (K.sc_ss == 2 && V.sc_ss == 2 && K.zp_ss == 2 && V.zp_ss == 2) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for (; jp < len; jp += 16) {
+      const int64_t n = std::min<int64_t>(16, len - jp);
+      const __mmask16 m16 = static_cast<__mmask16>((1u << n) - 1);
+      const __mmask16 lo = static_cast<__mmask16>(n > 8 ? 0xFFFF : (1u << (2 * n - 1)) - 1);
+      const __mmask16 hi = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8) - 1)) - 1 : 0);
+      const __mmask32 m8 = static_cast<__mmask32>((uint64_t(1) << (2 * n - 1)) - 1);
+      auto gather2 = [&](const float* base) {  // base[0], base[2], ... base[2 (n - 1)]
+        const __m512 a = _mm512_maskz_loadu_ps(lo, base), b = _mm512_maskz_loadu_ps(hi, base + 16);
+        return _mm512_permutex2var_ps(a, even, b);
+      };
+      auto zeros2 = [&](const int8_t* base) {  // the same of int8 zero points, as int32
+        const __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m8, base));
+        return _mm512_srai_epi32(_mm512_slli_epi32(w, 16), 16);
+      };
+      _mm512_mask_storeu_ps(sc.ksc + jp, m16, gather2(ks + (jb + jp) * 2));
+      _mm512_mask_storeu_ps(sc.vsc + jp, m16, gather2(vs + (jb + jp) * 2));
+      const __m512i kzv = zeros2(kz + (jb + jp) * 2), vzv = zeros2(vz + (jb + jp) * 2);
+      _mm512_mask_storeu_epi32(sc.kzi + jp, m16, kzv);
+      _mm512_mask_storeu_epi32(sc.vzi + jp, m16, vzv);
+      _mm512_mask_storeu_ps(sc.kzp + jp, m16, _mm512_cvtepi32_ps(kzv));
+      _mm512_mask_storeu_ps(sc.vzp + jp, m16, _mm512_cvtepi32_ps(vzv));
     }
+  }
 #endif
-    for (int64_t j = jp; j < len; ++j) {
-      sc.ksc[j] = ks[(jb + j) * K.sc_ss];
-      sc.kzi[j] = kz[(jb + j) * K.zp_ss];
-      sc.kzp[j] = static_cast<float>(sc.kzi[j]);
-      sc.vsc[j] = vs[(jb + j) * V.sc_ss];
-      sc.vzp[j] = static_cast<float>(vz[(jb + j) * V.zp_ss]);
-    }
+  for (int64_t j = jp; j < len; ++j) {
+    sc.ksc[j] = ks[(jb + j) * K.sc_ss];
+    sc.kzi[j] = kz[(jb + j) * K.zp_ss];
+    sc.kzp[j] = static_cast<float>(sc.kzi[j]);
+    sc.vsc[j] = vs[(jb + j) * V.sc_ss];
+    sc.vzi[j] = vz[(jb + j) * V.zp_ss];
+    sc.vzp[j] = static_cast<float>(sc.vzi[j]);
+  }
 
 #if defined(ETS_DECODE_VNNI)
-    if (a.q.i8 != nullptr) {
-      // Exact int32 scores (simd.h's exact_scores16): 16 keys at a time transposed in
-      // registers, D / 4 vpdpbusd per head.
-      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), ones = _mm512_set1_epi8(1);
-      for (int64_t c = 0; c < len; c += 16) {
-        const int64_t cnt = std::min<int64_t>(16, len - c);
-        __m512i dots[G];
-        for (int h = 0; h < G; ++h) dots[h] = _mm512_setzero_si512();
-        __m512i U = _mm512_setzero_si512();
-        for (int half = 0; half < D / 64; ++half) {
-          __m512i r[16];
-          for (int x = 0; x < 16; ++x) {
-            r[x] = x < cnt ? _mm512_xor_si512(_mm512_loadu_si512(kd + (jb + c + x) * K.ss + half * 64), flip)
-                           : _mm512_setzero_si512();
-            if (c + x < n_ahead) {
-              _mm_prefetch(reinterpret_cast<const char*>(kd + (ahead + c + x) * K.ss + half * 64), _MM_HINT_T0);
-              _mm_prefetch(reinterpret_cast<const char*>(vd + (ahead + c + x) * V.ss + half * 64), _MM_HINT_T0);
-            }
-          }
-          transpose16(r);
-          for (int q = 0; q < 16; ++q) {
-            U = _mm512_dpbusd_epi32(U, r[q], ones);
-            for (int h = 0; h < G; ++h)
-              dots[h] = _mm512_dpbusd_epi32(dots[h], r[q], _mm512_set1_epi32(sc.q8[h * (D / 4) + half * 16 + q]));
-          }
+  if (a.q.i8 != nullptr) {
+    // Exact int32 scores (simd.h's exact_scores16): 16 keys at a time transposed in
+    // registers, D / 4 vpdpbusd per head.
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), ones = _mm512_set1_epi8(1);
+    for (int64_t c = 0; c < len; c += 16) {
+      const int64_t cnt = std::min<int64_t>(16, len - c);
+      __m512i dots[G];
+      for (int h = 0; h < G; ++h) dots[h] = _mm512_setzero_si512();
+      __m512i U = _mm512_setzero_si512();
+      for (int half = 0; half < D / 64; ++half) {
+        const int8_t* kr = kd + (jb + c) * K.ss + half * 64;
+        __m512i r[16];
+        if (cnt == 16) {
+#pragma GCC unroll 16
+          for (int x = 0; x < 16; ++x) r[x] = _mm512_xor_si512(_mm512_loadu_si512(kr + x * K.ss), flip);
+        } else {
+          for (int x = 0; x < 16; ++x)
+            r[x] = x < cnt ? _mm512_xor_si512(_mm512_loadu_si512(kr + x * K.ss), flip) : _mm512_setzero_si512();
         }
-        const __m512i A = _mm512_add_epi32(_mm512_set1_epi32(128), _mm512_loadu_si512(sc.kzi + c));
-        const __m512i B = _mm512_sub_epi32(U, _mm512_mullo_epi32(_mm512_set1_epi32(D), A));
-        const __m512 ksv = _mm512_loadu_ps(sc.ksc + c);
-        for (int h = 0; h < G; ++h)
-          _mm512_store_ps(sc.s + h * kBlock + c,
-                          exact_scores16(dots[h], _mm512_set1_epi32(sc.q8sum[h]), _mm512_set1_epi32(sc.q8zp[h]),
-                                         A, B, ksv, _mm512_set1_ps(sc.q8sc[h])));
+        // This head's rows kAhead blocks on, asked for while this chunk is worked.
+        for (int64_t x = c; x < std::min<int64_t>(c + 16, n_ahead); ++x) {
+          _mm_prefetch(reinterpret_cast<const char*>(kr + (kAhead * kBlock + x - c) * K.ss), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vd + (jb + kAhead * kBlock + x) * V.ss + half * 64), _MM_HINT_T0);
+        }
+        transpose16(r);
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; ++q) {
+          U = _mm512_dpbusd_epi32(U, r[q], ones);
+          for (int h = 0; h < G; ++h)
+            dots[h] = _mm512_dpbusd_epi32(dots[h], r[q], _mm512_set1_epi32(sc.q8[(t0 + h) * (D / 4) + half * 16 + q]));
+        }
       }
-    } else
+      const __m512i A = _mm512_add_epi32(_mm512_set1_epi32(128), _mm512_loadu_si512(sc.kzi + c));
+      const __m512i B = _mm512_sub_epi32(U, _mm512_mullo_epi32(_mm512_set1_epi32(D), A));
+      const __m512 ksv = _mm512_loadu_ps(sc.ksc + c);
+      for (int h = 0; h < G; ++h)
+        _mm512_store_ps(sc.s + h * kBlock + c,
+                        exact_scores16(dots[h], _mm512_set1_epi32(sc.q8sum[t0 + h]), _mm512_set1_epi32(sc.q8zp[t0 + h]),
+                                       A, B, ksv, _mm512_set1_ps(sc.q8sc[t0 + h])));
+    }
+  } else
 #endif
-    {
+  {
     // Dot products: per key row, G vectors of partial sums.
-      for (int64_t j = 0; j < len; ++j) {
-        const int8_t* kr = kd + (jb + j) * K.ss;
-        if (j < n_ahead) {
-          for (int o = 0; o < D; o += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * kBlock * K.ss + o), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(vd + (ahead + j) * V.ss + o), _MM_HINT_T0);
-          }
-        }
-        T kc[NC];
-        for (int c = 0; c < NC; ++c) kc[c] = Vec::cvt(kr + c * W);
-        for (int h = 0; h < G; ++h) {
-          const float* q = sc.q + h * D;
-          T x = Vec::mul(Vec::load(q), kc[0]);
-          for (int c = 1; c < NC; ++c) x = Vec::fma(Vec::load(q + c * W), kc[c], x);
-          _mm256_store_ps(sc.part + (h * kBlock + j) * 8, Vec::to8(x));
+    for (int64_t j = 0; j < len; ++j) {
+      const int8_t* kr = kd + (jb + j) * K.ss;
+      if (j < n_ahead) {
+        for (int o = 0; o < D; o += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * kBlock * K.ss + o), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vd + (jb + kAhead * kBlock + j) * V.ss + o), _MM_HINT_T0);
         }
       }
-      // Scores: eight keys' sums at a time, less the zero points', times the scales.
+      T kc[NC];
+      for (int c = 0; c < NC; ++c) kc[c] = Vec::cvt(kr + c * W);
       for (int h = 0; h < G; ++h) {
-        float* srow = sc.s + h * kBlock;
-        const float* p = sc.part + h * kBlock * 8;
-        const __m256 qsum = _mm256_set1_ps(sc.qsum[h]);
-        int64_t j = 0;
-        for (; j + 8 <= len; j += 8) {
-          const float* pj = p + j * 8;
-          const __m256 dots = hsum8x8(_mm256_load_ps(pj), _mm256_load_ps(pj + 8), _mm256_load_ps(pj + 16),
-                                      _mm256_load_ps(pj + 24), _mm256_load_ps(pj + 32), _mm256_load_ps(pj + 40),
-                                      _mm256_load_ps(pj + 48), _mm256_load_ps(pj + 56));
-          _mm256_store_ps(srow + j, _mm256_mul_ps(_mm256_load_ps(sc.ksc + j),
-                                                  _mm256_fnmadd_ps(_mm256_load_ps(sc.kzp + j), qsum, dots)));
-        }
-        for (; j < len; ++j) srow[j] = sc.ksc[j] * (hsum256(_mm256_load_ps(p + j * 8)) - sc.kzp[j] * sc.qsum[h]);
+        const float* q = sc.q + (t0 + h) * D;
+        T x = Vec::mul(Vec::load(q), kc[0]);
+        for (int c = 1; c < NC; ++c) x = Vec::fma(Vec::load(q + c * W), kc[c], x);
+        _mm256_store_ps(sc.part + (h * kBlock + j) * 8, Vec::to8(x));
       }
     }
-    // Online softmax; the weights times the value scales, and their zero-point correction.
+    // Scores: eight keys' sums at a time, less the zero points', times the scales.
     for (int h = 0; h < G; ++h) {
       float* srow = sc.s + h * kBlock;
-      const float bm = add_max(srow, mrow ? mrow + jb : nullptr, len);
-      const float mn = std::max(sc.m[h], bm);
-      if (!(mn > -INFINITY)) {  // everything so far masked out
-        std::fill(srow, srow + len, 0.f);
-        sc.zc[h] = 0.f;
-        continue;
-      }
-      const float corr = sc.m[h] > -INFINITY ? std::exp(sc.m[h] - mn) : 0.f;
-      if (corr != 1.f) scale_row(sc.acc + h * D, D, corr);
-      // One pass: e = exp(s - mn) summed; the weight e * v_scale stored; e * v_scale * v_zp summed.
-      const T vmn = Vec::set1(mn);
-      T vsum = Vec::set1(0.f), vzc = Vec::set1(0.f);
+      const float* p = sc.part + h * kBlock * 8;
+      const __m256 qsum = _mm256_set1_ps(sc.qsum[t0 + h]);
       int64_t j = 0;
-      for (; j + W <= len; j += W) {
-        const T e = Vec::exp(Vec::sub(Vec::load(srow + j), vmn));
-        const T w = Vec::mul(e, Vec::load(sc.vsc + j));
-        Vec::store(srow + j, w);
-        vsum = Vec::add(vsum, e);
-        vzc = Vec::fma(w, Vec::load(sc.vzp + j), vzc);
+      for (; j + 8 <= len; j += 8) {
+        const float* pj = p + j * 8;
+        const __m256 dots = hsum8x8(_mm256_load_ps(pj), _mm256_load_ps(pj + 8), _mm256_load_ps(pj + 16),
+                                    _mm256_load_ps(pj + 24), _mm256_load_ps(pj + 32), _mm256_load_ps(pj + 40),
+                                    _mm256_load_ps(pj + 48), _mm256_load_ps(pj + 56));
+        _mm256_store_ps(srow + j, _mm256_mul_ps(_mm256_load_ps(sc.ksc + j),
+                                                _mm256_fnmadd_ps(_mm256_load_ps(sc.kzp + j), qsum, dots)));
       }
-      float sum = Vec::sum(vsum), zc = Vec::sum(vzc);
-      for (; j < len; ++j) {
-        const float e = std::exp(srow[j] - mn);
-        srow[j] = e * sc.vsc[j];
-        sum += e;
-        zc += srow[j] * sc.vzp[j];
-      }
-      sc.l[h] = sc.l[h] * corr + sum;
-      sc.m[h] = mn;
-      sc.zc[h] = zc;
-    }
-    // Weighted sums: a slice of the head dimension at a time, all G heads in registers.
-    for (int c = 0; c < NC; ++c) {
-      T o[G];
-      for (int h = 0; h < G; ++h) o[h] = Vec::load(sc.acc + h * D + c * W);
-      const int8_t* vr = vd + jb * V.ss + c * W;
-      for (int64_t j = 0; j < len; ++j, vr += V.ss) {
-        const T v = Vec::cvt(vr);
-        for (int h = 0; h < G; ++h) o[h] = Vec::fma(Vec::bcast(sc.s + h * kBlock + j), v, o[h]);
-      }
-      for (int h = 0; h < G; ++h) Vec::store(sc.acc + h * D + c * W, Vec::sub(o[h], Vec::set1(sc.zc[h])));
+      for (; j < len; ++j) srow[j] = sc.ksc[j] * (hsum256(_mm256_load_ps(p + j * 8)) - sc.kzp[j] * sc.qsum[t0 + h]);
     }
   }
 
+  // Online softmax; the weights times the value scales, and their zero-point correction.
   for (int h = 0; h < G; ++h) {
-    const float* acc = sc.acc + h * D;
-    if (pm != nullptr) {
-      pm[h] = sc.m[h];
-      pl[h] = sc.l[h];
-      std::copy(acc, acc + D, pacc + h * D);
+    const int64_t t = t0 + h;
+    float* srow = sc.s + h * kBlock;
+    const float bm = add_max(srow, mrow ? mrow + jb : nullptr, len);
+    const float mn = std::max(sc.m[t], bm);
+    if (!(mn > -INFINITY)) {  // everything so far masked out
+      std::fill(srow, srow + len, 0.f);
+      sc.zc[h] = 0.f;
+#if defined(ETS_DECODE_VNNI)
+      std::fill(sc.wq + h * (kBlock / 2), sc.wq + (h + 1) * (kBlock / 2), 0);
+      sc.wzc[h] = 0;
+      sc.wsc[h] = 0.f;
+#endif
       continue;
     }
-    float* dst = a.o + b * a.o_sb + i * a.o_ss + (g * G + h) * a.o_sh;
-    const float s = sc.l[h] > 0.f ? 1.f / sc.l[h] : 0.f;  // nothing visible: zeros
+    const float corr = sc.m[t] > -INFINITY ? std::exp(sc.m[t] - mn) : 0.f;
+    if (corr != 1.f) scale_row(sc.acc + t * D, D, corr);
+#if defined(ETS_DECODE_VNNI)
+    // e = exp(s - mn) summed, the weights w = e * v_scale stored and their largest found; then
+    // w as 16-bit fixed point over the block's whole range: u = round(w / wsc) in [0, 65535]
+    // with wsc = max(w) / 65535 (an error of at most 2^-17 of the block's largest weight per
+    // key), stored less 32768 as signed 16 bits, two keys' in a dword (vnni_weighted_sums adds
+    // the 32768 back through the value rows' sums); wzc = sum(u * v_zp), exact.
+    {
+      const __m512 vmn = _mm512_set1_ps(mn);
+      __m512 vsum = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
+      for (int64_t j = 0; j < len; j += 16) {
+        const __mmask16 m = tail_mask16(len - j);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(srow + j), vmn)));
+        vsum = _mm512_add_ps(vsum, e);
+        const __m512 w = _mm512_mul_ps(e, _mm512_maskz_loadu_ps(m, sc.vsc + j));
+        vmax = _mm512_max_ps(vmax, w);
+        _mm512_storeu_ps(srow + j, w);
+      }
+      const float wmax = _mm512_reduce_max_ps(vmax);
+      const __m512 f = _mm512_set1_ps(wmax > 0.f ? 65535.f / wmax : 0.f);
+      const __m512i half = _mm512_set1_epi32(32768);
+      sc.wsc[h] = wmax / 65535.f;
+      __m512i zc = _mm512_setzero_si512();
+      for (int64_t j = 0; j < len; j += 16) {
+        const __mmask16 m = tail_mask16(len - j);
+        const __m512i u = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(srow + j), f)),
+                                           _mm512_set1_epi32(65535));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sc.wq + h * (kBlock / 2) + j / 2),
+                           _mm512_cvtepi32_epi16(_mm512_sub_epi32(u, half)));
+        zc = _mm512_add_epi32(zc, _mm512_mullo_epi32(u, _mm512_maskz_loadu_epi32(m, sc.vzi + j)));
+      }
+      sc.wzc[h] = _mm512_reduce_add_epi32(zc);
+      sc.l[t] = sc.l[t] * corr + _mm512_reduce_add_ps(vsum);
+      sc.m[t] = mn;
+    }
+#else
+    // One pass: e = exp(s - mn) summed; the weight e * v_scale stored; e * v_scale * v_zp summed.
+    const T vmn = Vec::set1(mn);
+    T vsum = Vec::set1(0.f), vzc = Vec::set1(0.f);
+    int64_t j = 0;
+    for (; j + W <= len; j += W) {
+      const T e = Vec::exp(Vec::sub(Vec::load(srow + j), vmn));
+      const T w = Vec::mul(e, Vec::load(sc.vsc + j));
+      Vec::store(srow + j, w);
+      vsum = Vec::add(vsum, e);
+      vzc = Vec::fma(w, Vec::load(sc.vzp + j), vzc);
+    }
+    float sum = Vec::sum(vsum), zc = Vec::sum(vzc);
+    for (; j < len; ++j) {
+      const float e = std::exp(srow[j] - mn);
+      srow[j] = e * sc.vsc[j];
+      sum += e;
+      zc += srow[j] * sc.vzp[j];
+    }
+    sc.l[t] = sc.l[t] * corr + sum;
+    sc.m[t] = mn;
+    sc.zc[h] = zc;
+#endif
+  }
+#if defined(ETS_DECODE_VNNI)
+  vnni_weighted_sums<G, D>(sc, sc.acc + t0 * D, vd + jb * V.ss, V.ss, len);
+#else
+  // Weighted sums: a slice of the head dimension at a time, all G heads in registers.
+  for (int c = 0; c < NC; ++c) {
+    T o[G];
+    for (int h = 0; h < G; ++h) o[h] = Vec::load(sc.acc + (t0 + h) * D + c * W);
+    const int8_t* vr = vd + jb * V.ss + c * W;
+    for (int64_t j = 0; j < len; ++j, vr += V.ss) {
+      const T v = Vec::cvt(vr);
+      for (int h = 0; h < G; ++h) o[h] = Vec::fma(Vec::bcast(sc.s + h * kBlock + j), v, o[h]);
+    }
+    for (int h = 0; h < G; ++h) Vec::store(sc.acc + (t0 + h) * D + c * W, Vec::sub(o[h], Vec::set1(sc.zc[h])));
+  }
+#endif
+}
+
+template <int G, int D>
+void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, float* pm, float* pl,
+            float* pacc) {
+  Scratch& sc = scratch();
+  const int64_t H = a.H, Hkv = a.Hkv;
+
+  for (int64_t t = 0; t < H; ++t) {
+    float* dst = sc.q + t * D;
+    if (a.q.f32 != nullptr) {
+      const float* src = a.q.f32 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
+      for (int d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
+    } else {
+      const float qs = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + t * a.q.sc_sh];
+      const int32_t qz = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
+      dequant_row(a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh, D, qs * a.scale, qz, dst);
+    }
+#if defined(ETS_DECODE_VNNI)
+    if (a.q.i8 != nullptr) {
+      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
+      std::memcpy(sc.q8 + t * (D / 4), src, D);
+      int32_t sum = 0;
+      for (int d = 0; d < D; ++d) sum += src[d];
+      sc.q8sum[t] = sum;
+      sc.q8zp[t] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
+      sc.q8sc[t] = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + t * a.q.sc_sh] * a.scale;
+    }
+#endif
+    float s = 0;
+    for (int d = 0; d < D; ++d) s += dst[d];
+    sc.qsum[t] = s;
+    sc.m[t] = -INFINITY;
+    sc.l[t] = 0.f;
+    std::fill(sc.acc + t * D, sc.acc + (t + 1) * D, 0.f);
+  }
+
+  int64_t lim = a.n_kv;
+  if (a.causal) lim = std::min(lim, a.start_pos + i + 1);
+  const int64_t jend = std::min(j1, lim);
+  const AttnOperand &K = a.k, &V = a.v;
+  const float* mrow = a.mask ? a.mask + i * a.mask_ss : nullptr;
+
+  // Block by block, every kv head: the thread reads its key range's rows in order.
+  for (int64_t jb = j0; jb < jend; jb += kBlock) {
+    const int64_t len = std::min(kBlock, jend - jb);
+    const int64_t ahead = jb + kAhead * kBlock;
+    const int64_t n_ahead = std::min(kBlock, jend - ahead);
+    if (n_ahead > 0) {
+      prefetch_rows(K.scale + b * K.sc_sb + ahead * K.sc_ss, n_ahead, K.sc_ss * 4, (Hkv - 1) * K.sc_sh * 4 + 4);
+      prefetch_rows(V.scale + b * V.sc_sb + ahead * V.sc_ss, n_ahead, V.sc_ss * 4, (Hkv - 1) * V.sc_sh * 4 + 4);
+      prefetch_rows(K.zero_point + b * K.zp_sb + ahead * K.zp_ss, n_ahead, K.zp_ss, (Hkv - 1) * K.zp_sh + 1);
+      prefetch_rows(V.zero_point + b * V.zp_sb + ahead * V.zp_ss, n_ahead, V.zp_ss, (Hkv - 1) * V.zp_sh + 1);
+    }
+    for (int64_t g = 0; g < Hkv; ++g) decode_block<G, D>(a, sc, b, g, jb, len, n_ahead, mrow);
+  }
+
+  for (int64_t t = 0; t < H; ++t) {
+    float* acc = sc.acc + t * D;
+#if defined(ETS_DECODE_VNNI)
+    vnni_unorder<D>(acc);
+#endif
+    if (pm != nullptr) {
+      pm[t] = sc.m[t];
+      pl[t] = sc.l[t];
+      std::copy(acc, acc + D, pacc + t * D);
+      continue;
+    }
+    float* dst = a.o + b * a.o_sb + i * a.o_ss + t * a.o_sh;
+    const float s = sc.l[t] > 0.f ? 1.f / sc.l[t] : 0.f;  // nothing visible: zeros
     for (int d = 0; d < D; ++d) dst[d] = acc[d] * s;
   }
 }
 
-using DecodeFn = void (*)(const AttnArgs&, int64_t, int64_t, int64_t, int64_t, int64_t, float*,
-                          float*, float*);
+using DecodeFn = void (*)(const AttnArgs&, int64_t, int64_t, int64_t, int64_t, float*, float*,
+                          float*);
 
 template <int D>
 DecodeFn pick_g(int64_t G) {
@@ -383,7 +527,7 @@ DecodeFn pick_g(int64_t G) {
 }
 
 DecodeFn pick(const AttnArgs& a) {
-  if (a.Hkv <= 0 || a.H % a.Hkv != 0) return nullptr;
+  if (a.Hkv <= 0 || a.H % a.Hkv != 0 || a.H > kMaxH) return nullptr;
   const int64_t G = a.H / a.Hkv;
   if (a.D == 64) return pick_g<64>(G);
   if (a.D == 128) return pick_g<128>(G);
@@ -397,17 +541,16 @@ bool decode_attention_applies(const AttnArgs& a) {
          pick(a) != nullptr;
 }
 
-void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t g, int64_t j0, int64_t j1,
-                   float* m, float* l, float* acc) {
-  pick(a)(a, b, i, g, j0, j1, m, l, acc);
+void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, float* m, float* l,
+                   float* acc) {
+  pick(a)(a, b, i, j0, j1, m, l, acc);
 }
 
 #else  // no AVX2: attention.cpp's generic tile runs these rows
 
 bool decode_attention_applies(const AttnArgs&) { return false; }
 
-void attend_decode(const AttnArgs&, int64_t, int64_t, int64_t, int64_t, int64_t, float*, float*,
-                   float*) {}
+void attend_decode(const AttnArgs&, int64_t, int64_t, int64_t, int64_t, float*, float*, float*) {}
 
 #endif
 

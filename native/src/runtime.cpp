@@ -4,6 +4,7 @@
 #include "attention.h"
 #include "model.h"
 #include "runtime_log.h"
+#include "simd.h"
 
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
@@ -107,6 +108,18 @@ int ets_get_num_threads(void) {
 }
 
 int ets_attention_kernel(int want) { return etserve::attention_kernel(want); }
+
+const char* ets_vector_isa(void) {
+#if defined(ETS_VNNI512)
+  return "avx512-vnni";
+#elif defined(ETS_AVX512)
+  return "avx512";
+#elif defined(ETS_AVX2)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
 
 ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
   etserve::log_install();
