@@ -31,6 +31,7 @@ constexpr int64_t kBlock = 64;  // keys per block: its scores stay in L1
 // Blocks between the rows prefetched and the rows worked: over a 12k cache, 24 layers, on an
 // AMD EPYC, 2, 4 and 8 took 6.9, 7.0 and 7.2 ms a token.
 constexpr int64_t kAhead = 2;
+constexpr int64_t kParamAhead = 2;
 constexpr int kMaxG = 8, kMaxD = 128;
 
 // The vector type the kernel works in: 16 floats with AVX-512, else 8.
@@ -138,7 +139,8 @@ inline __mmask16 tail_mask16(int64_t n) { return static_cast<__mmask16>(n >= 16 
 // of keys for 16 dims; the rows' sums over the block are kept in 16 bits (at most 64 * 128).
 // The lanes come out in the order vnni_unorder undoes.
 template <int G, int D>
-inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t ss, int64_t len) {
+inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t ss, int64_t len,
+                               int64_t n_ahead) {
   for (int c = 0; c < D / 32; ++c) {
     const int8_t* vr = v + c * 32;
     auto row = [&](int64_t j) {
@@ -156,9 +158,21 @@ inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_
         o[h][1] = _mm512_dpwssd_epi32(o[h][1], hi, w);
       }
     };
+    // The rows kAhead blocks on, asked for a pair at a time: the slices of 64 bytes.
+    const bool ask = c % 2 == 0;
+    const int8_t* far = vr + kAhead * kBlock * ss;
     int64_t j = 0;
-    for (; j + 2 <= len; j += 2) pair(row(j), row(j + 1), j);
+    for (; j + 2 <= len; j += 2) {
+      if (ask && j + 1 < n_ahead) {
+        _mm_prefetch(reinterpret_cast<const char*>(far + j * ss), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(far + (j + 1) * ss), _MM_HINT_T0);
+      }
+      pair(row(j), row(j + 1), j);
+    }
     if (j < len) pair(row(j), _mm512_setzero_si512(), j);
+    if (ask)
+      for (int64_t x = std::max<int64_t>(j, len - 1); x < n_ahead; ++x)
+        _mm_prefetch(reinterpret_cast<const char*>(far + x * ss), _MM_HINT_T0);
     // 32768 * the sums, sign-extended into the two vectors' lane order
     const __m512i sum_lo = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_unpacklo_epi16(colsum, colsum), 16), 15);
     const __m512i sum_hi = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_unpackhi_epi16(colsum, colsum), 16), 15);
@@ -197,22 +211,23 @@ __attribute__((noinline)) Scratch& scratch() {
   return s;
 }
 
-// Lines of n rows of `bytes` bytes, `stride` apart, asked for: one span when they are close.
+// The lines of n rows of `bytes` bytes, `stride` apart, asked for: one span when they are close.
 inline void prefetch_rows(const void* p, int64_t n, int64_t stride, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
+  const uintptr_t c = reinterpret_cast<uintptr_t>(p);
+  auto lines = [](uintptr_t from, uintptr_t to) {
+    for (uintptr_t l = from & ~uintptr_t(63); l < to; l += 64) _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T0);
+  };
   if (stride <= bytes + 64) {
-    const int64_t span = (n - 1) * stride + bytes;
-    for (int64_t o = 0; o < span; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+    lines(c, c + (n - 1) * stride + bytes);
     return;
   }
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + r * stride + o, _MM_HINT_T0);
+  for (int64_t r = 0; r < n; ++r) lines(c + r * stride, c + r * stride + bytes);
 }
 
 // Block [jb, jb + len) of kv head g for its G query heads (state at t0 = g * G).
 template <int G, int D>
 inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, int64_t jb, int64_t len,
-                         int64_t n_ahead, const float* mrow) {
+                         int64_t jend, int64_t n_ahead, const float* mrow) {
   using T = Vec::T;
   constexpr int W = Vec::W, NC = D / W;
   const int64_t t0 = g * G;
@@ -236,13 +251,18 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       const __mmask16 lo = static_cast<__mmask16>(n > 8 ? 0xFFFF : (1u << (2 * n - 1)) - 1);
       const __mmask16 hi = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8) - 1)) - 1 : 0);
       const __mmask32 m8 = static_cast<__mmask32>((uint64_t(1) << (2 * n - 1)) - 1);
+      // Whole loads where the rows go on past these 16 (the last element read is another
+      // head's); masked ones at the end.
+      const bool whole = n == 16 && jb + jp + 16 < jend;
       auto gather2 = [&](const float* base) {  // base[0], base[2], ... base[2 (n - 1)]
-        const __m512 a = _mm512_maskz_loadu_ps(lo, base), b = _mm512_maskz_loadu_ps(hi, base + 16);
+        const __m512 a = whole ? _mm512_loadu_ps(base) : _mm512_maskz_loadu_ps(lo, base);
+        const __m512 b = whole ? _mm512_loadu_ps(base + 16) : _mm512_maskz_loadu_ps(hi, base + 16);
         return _mm512_permutex2var_ps(a, even, b);
       };
       auto zeros2 = [&](const int8_t* base) {  // the same of int8 zero points, as int32
-        const __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m8, base));
-        return _mm512_srai_epi32(_mm512_slli_epi32(w, 16), 16);
+        const __m256i b = whole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base))
+                                : _mm256_maskz_loadu_epi8(m8, base);
+        return _mm512_srai_epi32(_mm512_slli_epi32(_mm512_cvtepi8_epi16(b), 16), 16);
       };
       _mm512_mask_storeu_ps(sc.ksc + jp, m16, gather2(ks + (jb + jp) * 2));
       _mm512_mask_storeu_ps(sc.vsc + jp, m16, gather2(vs + (jb + jp) * 2));
@@ -279,14 +299,12 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
         if (cnt == 16) {
 #pragma GCC unroll 16
           for (int x = 0; x < 16; ++x) r[x] = _mm512_xor_si512(_mm512_loadu_si512(kr + x * K.ss), flip);
+          // this head's rows kAhead blocks on, asked for while the chunk is worked
+          for (int64_t x = c; x < std::min<int64_t>(c + 16, n_ahead); ++x)
+            _mm_prefetch(reinterpret_cast<const char*>(kr + (kAhead * kBlock + x - c) * K.ss), _MM_HINT_T0);
         } else {
           for (int x = 0; x < 16; ++x)
             r[x] = x < cnt ? _mm512_xor_si512(_mm512_loadu_si512(kr + x * K.ss), flip) : _mm512_setzero_si512();
-        }
-        // This head's rows kAhead blocks on, asked for while this chunk is worked.
-        for (int64_t x = c; x < std::min<int64_t>(c + 16, n_ahead); ++x) {
-          _mm_prefetch(reinterpret_cast<const char*>(kr + (kAhead * kBlock + x - c) * K.ss), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(vd + (jb + kAhead * kBlock + x) * V.ss + half * 64), _MM_HINT_T0);
         }
         transpose16(r);
 #pragma GCC unroll 16
@@ -420,7 +438,7 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
 #endif
   }
 #if defined(ETS_DECODE_VNNI)
-  vnni_weighted_sums<G, D>(sc, sc.acc + t0 * D, vd + jb * V.ss, V.ss, len);
+  vnni_weighted_sums<G, D>(sc, sc.acc + t0 * D, vd + jb * V.ss, V.ss, len, n_ahead);
 #else
   // Weighted sums: a slice of the head dimension at a time, all G heads in registers.
   for (int c = 0; c < NC; ++c) {
@@ -482,13 +500,15 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
     const int64_t len = std::min(kBlock, jend - jb);
     const int64_t ahead = jb + kAhead * kBlock;
     const int64_t n_ahead = std::min(kBlock, jend - ahead);
-    if (n_ahead > 0) {
-      prefetch_rows(K.scale + b * K.sc_sb + ahead * K.sc_ss, n_ahead, K.sc_ss * 4, (Hkv - 1) * K.sc_sh * 4 + 4);
-      prefetch_rows(V.scale + b * V.sc_sb + ahead * V.sc_ss, n_ahead, V.sc_ss * 4, (Hkv - 1) * V.sc_sh * 4 + 4);
-      prefetch_rows(K.zero_point + b * K.zp_sb + ahead * K.zp_ss, n_ahead, K.zp_ss, (Hkv - 1) * K.zp_sh + 1);
-      prefetch_rows(V.zero_point + b * V.zp_sb + ahead * V.zp_ss, n_ahead, V.zp_ss, (Hkv - 1) * V.zp_sh + 1);
+    // The row parameters of every head further on (a few lines a block).
+    const int64_t pa = jb + kParamAhead * kBlock, n_pa = std::min(kBlock, jend - pa);
+    if (n_pa > 0) {
+      prefetch_rows(K.scale + b * K.sc_sb + pa * K.sc_ss, n_pa, K.sc_ss * 4, (Hkv - 1) * K.sc_sh * 4 + 4);
+      prefetch_rows(V.scale + b * V.sc_sb + pa * V.sc_ss, n_pa, V.sc_ss * 4, (Hkv - 1) * V.sc_sh * 4 + 4);
+      prefetch_rows(K.zero_point + b * K.zp_sb + pa * K.zp_ss, n_pa, K.zp_ss, (Hkv - 1) * K.zp_sh + 1);
+      prefetch_rows(V.zero_point + b * V.zp_sb + pa * V.zp_ss, n_pa, V.zp_ss, (Hkv - 1) * V.zp_sh + 1);
     }
-    for (int64_t g = 0; g < Hkv; ++g) decode_block<G, D>(a, sc, b, g, jb, len, n_ahead, mrow);
+    for (int64_t g = 0; g < Hkv; ++g) decode_block<G, D>(a, sc, b, g, jb, len, jend, n_ahead, mrow);
   }
 
   for (int64_t t = 0; t < H; ++t) {
