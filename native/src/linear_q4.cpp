@@ -294,7 +294,7 @@ void gemm(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int
 // so that one vector holds the same four inputs of 16 rows: multiplied with four activation
 // bytes broadcast, every lane adds to its own row's sum, a group's eight quads add up in the
 // lanes and the float conversion and scale come once a group (not once per 32 products as in
-// gemm above). Four activation rows at a time, then one.
+// gemm above). Eight activation rows at a time (AVX-512), then four, then one.
 constexpr int64_t kPanel = 16;
 
 void unpack_panel(const uint8_t* W, const uint16_t* S, int64_t G, int64_t blk0, int8_t* pw, float* ps) {
@@ -418,6 +418,15 @@ void gemm_panels(const uint8_t* XU, const float* xs, const int32_t* off, int64_t
     unpack_panel(W, S, G, p * (kPanel / 4), pw, ps);
     const int64_t n0 = p * kPanel;
     int64_t m = 0;
+#if defined(ETS_Q4_AVX512)
+    // Eight rows where they are (eight chains of vpdpbusd, their latency hidden: 1.6 times
+    // four rows' speed on a Zen 5 EPYC; twelve spill)
+    for (; m + 8 <= M; m += 8) {
+      Out out[8];
+      panel_rows<8>(XU + m * K, K, pw, ps, out);
+      panel_store<8>(out, xs + m, off + m, C, bias, n0, N, Y + m * N);
+    }
+#endif
     for (; m + 4 <= M; m += 4) {
       Out out[4];
       panel_rows<4>(XU + m * K, K, pw, ps, out);

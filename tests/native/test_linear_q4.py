@@ -101,6 +101,7 @@ def test_the_reference_is_torchaos_arithmetic():
     (1, 4864, 20, False),    # decode: a down projection's width
     (2, 128, 8, True),       # two rows: the paired path
     (7, 160, 36, True),      # prefill: two panels of 16 rows and a block of 4; rows 4 + 1 + 1 + 1
+    (13, 160, 36, False),    # rows 8 (AVX-512) + 4 + 1
     (64, 896, 40, False),    # a prefill chunk
     (6, 4864, 20, True),     # a down projection's width: a panel and a block; 4 + 1 + 1 rows
     (3, 64, 8, False),       # no panel: blocks of 4 alone
