@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from .quantize_hook import wrapping_quantize
 from .registry import EMBEDDING_GROUP_SIZE, PREFILL_MAX_TOKENS, BuildOptions
 
 # The attention layer our custom-op exports use (registered by _register_attention, named in the
@@ -90,35 +91,31 @@ def output_quantization(eight_bit: bool) -> Iterator[None]:
         yield
         return
     import torch
-    from executorch.examples.models.llama.source_transformation import quantize as qmod
 
-    original = qmod.quantize
+    def wrap(original):
+        def quantize(model, qmode, *args, **kwargs):
+            if qmode != "8da4w":
+                return original(model, qmode, *args, **kwargs)
+            if not isinstance(getattr(model, "output", None), torch.nn.Linear):
+                raise RuntimeError(f"8-bit output projection: {type(model).__name__} has no Linear `output`")
+            from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+            from torchao.quantization.granularity import PerAxis
 
-    def quantize(model, qmode, *args, **kwargs):
-        if qmode != "8da4w":
-            return original(model, qmode, *args, **kwargs)
-        if not isinstance(getattr(model, "output", None), torch.nn.Linear):
-            raise RuntimeError(f"8-bit output projection: {type(model).__name__} has no Linear `output`")
-        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
-        from torchao.quantization.granularity import PerAxis
+            out = model.output
+            model.output = torch.nn.Identity()  # not a Linear: the 4-bit pass leaves it alone
+            try:
+                model = original(model, qmode, *args, **kwargs)
+            finally:
+                model.output = out
+            hqq = kwargs.get("quantize_with_hqq", True)
+            quantize_(out, Int8DynamicActivationIntxWeightConfig(
+                weight_dtype=torch.int8, weight_granularity=PerAxis(0),
+                intx_choose_qparams_algorithm="hqq_scale_only" if hqq else "affine"))
+            return model
+        return quantize
 
-        out = model.output
-        model.output = torch.nn.Identity()  # not a Linear: the 4-bit pass leaves it alone
-        try:
-            model = original(model, qmode, *args, **kwargs)
-        finally:
-            model.output = out
-        hqq = kwargs.get("quantize_with_hqq", True)
-        quantize_(out, Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int8, weight_granularity=PerAxis(0),
-            intx_choose_qparams_algorithm="hqq_scale_only" if hqq else "affine"))
-        return model
-
-    qmod.quantize = quantize  # get_quant_weight_transform binds it when the exporter asks
-    try:
+    with wrapping_quantize(wrap):
         yield
-    finally:
-        qmod.quantize = original
 
 
 def _params_for_export(params: Path, custom_ops: bool) -> Path:

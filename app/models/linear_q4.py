@@ -20,6 +20,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from .quantize_hook import wrapping_quantize
+
 GROUP = 32
 OP = "etserve::linear_q4"
 
@@ -207,21 +209,17 @@ def swapping_linears(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    from executorch.examples.models.llama.source_transformation import quantize as qmod
 
-    original = qmod.quantize
+    def wrap(original):
+        def quantize(model, qmode, *args, **kwargs):
+            model = original(model, qmode, *args, **kwargs)
+            if qmode == "8da4w":
+                swapped = use_native_linears(model)
+                if not swapped:
+                    raise RuntimeError("--linear-kernel etserve: the 8da4w transform left no int4 linear to swap")
+                print(f"etserve::linear_q4 runs {swapped} linears", file=sys.stderr)
+            return model
+        return quantize
 
-    def quantize(model, qmode, *args, **kwargs):
-        model = original(model, qmode, *args, **kwargs)
-        if qmode == "8da4w":
-            swapped = use_native_linears(model)
-            if not swapped:
-                raise RuntimeError("--linear-kernel etserve: the 8da4w transform left no int4 linear to swap")
-            print(f"etserve::linear_q4 runs {swapped} linears", file=sys.stderr)
-        return model
-
-    qmod.quantize = quantize  # get_quant_weight_transform binds it when the exporter asks
-    try:
+    with wrapping_quantize(wrap):
         yield
-    finally:
-        qmod.quantize = original

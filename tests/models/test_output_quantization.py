@@ -59,3 +59,31 @@ def test_without_it_the_output_projection_is_4_bit():
     assert block == 32 and -8 <= lo and hi <= 7
     err = (model.output.weight.dequantize() - fp32).abs().max() / fp32.abs().max()
     assert err > 0.04, err  # half a step of 15
+
+
+def test_it_composes_with_the_native_linears_and_both_unhook():
+    """Both hooks wrap the exporter's quantize (app/models/quantize_hook.py), nested as the
+    pipeline nests them: the 4-bit linears become etserve::linear_q4 modules, the 8-bit output
+    projection stays a Linear (the operator takes 4-bit weights only), and on the way out the
+    exporter has its own function back."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+    from executorch.examples.models.llama.source_transformation import quantize as qmod
+
+    from app.models.linear_q4 import swapping_linears
+
+    before = qmod.quantize
+    torch.manual_seed(0)
+    model = construct_transformer(ModelArgs(**PARAMS, max_seq_len=16, max_context_len=16, use_kv_cache=False,
+                                            generate_full_logits=True)).eval()
+    with swapping_linears(True), output_quantization(True):
+        assert qmod.quantize is not before
+        transform = qmod.get_quant_weight_transform("8da4w", group_size=32)
+        with torch.no_grad():
+            model = transform(model)
+    assert qmod.quantize is before
+    assert type(model.layers[0].attention.wq).__name__ == "LinearQ4"
+    assert type(model.layers[0].feed_forward.w2).__name__ == "LinearQ4"
+    assert isinstance(model.output, torch.nn.Linear)
+    lo, hi, block = _layout(model.output.weight)
+    assert block == PARAMS["dim"] and hi - lo > 15
