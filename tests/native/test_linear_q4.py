@@ -232,31 +232,11 @@ def tiny_q4_pte(tmp_path_factory):
     return out / "tiny.pte", meta, np.load(out / "logits.npy")
 
 
-def test_an_exported_8da4w_model_runs_its_linears_in_our_kernel(etserve_lib, tiny_q4_pte):
+def test_an_exported_8da4w_model_runs_its_linears_in_our_kernel(run_pte, tiny_q4_pte):
     path, meta, ref_logits = tiny_q4_pte
     assert meta["swapped"] == 2
     assert "etserve::linear_q4.out" in meta["ops"]
-    L = etserve_lib
-    L.ets_model_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    L.ets_model_open.restype = ctypes.c_void_p
-    L.ets_model_close.argtypes = [ctypes.c_void_p]
-    L.ets_model_error.argtypes = [ctypes.c_void_p]
-    L.ets_model_error.restype = ctypes.c_char_p
-    L.ets_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64]
-    L.ets_forward.restype = c_int
-    L.ets_get_logits.argtypes = [ctypes.c_void_p, F32P, ctypes.c_int64]
-    L.ets_get_logits.restype = c_int
-    err = ctypes.create_string_buffer(4096)
-    m = L.ets_model_open(str(path).encode(), err, len(err))
-    assert m, err.value.decode()
-    try:
-        vocab = ref_logits.shape[1]
-        for (start, toks), ref in zip(meta["steps"], ref_logits):
-            arr = (ctypes.c_int64 * len(toks))(*toks)
-            assert L.ets_forward(m, arr, len(toks), start) == 0, L.ets_model_error(m).decode()
-            got = np.empty(vocab, np.float32)
-            assert L.ets_get_logits(m, f32(got), vocab) == 0
-            # torchao's eager arithmetic, up to float summation order
-            assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()), (start, np.abs(got - ref).max())
-    finally:
-        L.ets_model_close(m)
+    got = run_pte(path, meta["steps"], ref_logits.shape[1])
+    for start, g, ref in zip([s for s, _ in meta["steps"]], got, ref_logits):
+        # torchao's eager arithmetic, up to float summation order
+        assert np.abs(g - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()), (start, np.abs(g - ref).max())

@@ -709,32 +709,10 @@ def tiny_pte(tmp_path_factory):
     return out / "tiny.pte", meta, np.load(out / "logits.npy")
 
 
-def test_pte_with_custom_ops_runs_through_our_library(lib, tiny_pte):
+def test_pte_with_custom_ops_runs_through_our_library(run_pte, tiny_pte):
     path, meta, ref_logits = tiny_pte
     assert "llama::update_cache.out" in meta["ops"]
     assert "llama::custom_sdpa.out" in meta["ops"]
-    if not hasattr(lib, "ets_model_open"):
-        pytest.skip("library has no ets_model_open")
-    lib.ets_model_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    lib.ets_model_open.restype = ctypes.c_void_p
-    lib.ets_model_close.argtypes = [ctypes.c_void_p]
-    lib.ets_model_error.argtypes = [ctypes.c_void_p]
-    lib.ets_model_error.restype = ctypes.c_char_p
-    lib.ets_forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(c_i64), c_i64, c_i64]
-    lib.ets_forward.restype = c_int
-    lib.ets_get_logits.argtypes = [ctypes.c_void_p, F32P, c_i64]
-    lib.ets_get_logits.restype = c_int
-    err = ctypes.create_string_buffer(4096)
-    m = lib.ets_model_open(str(path).encode(), err, len(err))
-    assert m, err.value.decode()
-    try:
-        vocab = ref_logits.shape[1]
-        for (start, toks), ref in zip(meta["steps"], ref_logits):
-            arr = (c_i64 * len(toks))(*toks)
-            rc = lib.ets_forward(m, arr, len(toks), start)
-            assert rc == 0, lib.ets_model_error(m).decode()
-            got = np.empty(vocab, np.float32)
-            assert lib.ets_get_logits(m, ptr(got), vocab) == 0
-            assert np.abs(got - ref).max() <= 1e-4, (start, np.abs(got - ref).max())
-    finally:
-        lib.ets_model_close(m)
+    got = run_pte(path, meta["steps"], ref_logits.shape[1])
+    for start, g, ref in zip([s for s, _ in meta["steps"]], got, ref_logits):
+        assert np.abs(g - ref).max() <= 1e-4, (start, np.abs(g - ref).max())
