@@ -136,6 +136,12 @@ def open_et(model_dir: Path, threads: int) -> dict:
 
 
 def open_runner(model_dir: Path, threads: int) -> dict:
+    manifest = model_dir / "etserve.json"
+    if manifest.exists() and json.loads(manifest.read_text()).get("linear_kernel") == "etserve":
+        # The runner would fail at its first generation with "kernel 'etserve::linear_q4.out'
+        # not found" in its log and only "Generation failed" to say.
+        raise RuntimeError("the .pte calls etserve::linear_q4 (our 4-bit linear), which ExecuTorch's "
+                           "runner does not have; build with --linear-kernel xnnpack to compare")
     _custom_ops_runtime(threads)
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 

@@ -33,7 +33,9 @@ block, ~2^-14 of the outputs' range; they differ in the order of fp32 roundings)
   compute the same integers; their float sums run in another order, and each layer
   requantizes its activations to int8, so a last-bit difference can move a value by one step:
   the logits of the two libraries differ by 0.5-1.1 over a 2,048-token prompt, with the same
-  top-1 at every position compared.
+  top-1 at every position compared. Then the decode kernel's weighted sums in integers (16-bit
+  fixed-point weights per 64-key block, 2^-17 of the block's largest per key) and eight-row
+  panels: 0.019, 0.024 (mean 0.0056), 62 of 64, identical for 8 tokens (margins 0.28, 0.14).
 Every confident position agrees with either. Which positions are near-ties depends on where the
 texts part, so the bounds leave room for a run of them. The same comparison of the fp32-cache .pte against its
 eager model (XNNPACK's kernels alone) measures KL max 0.018 (mean 0.0042), 63 of 64, parting at
