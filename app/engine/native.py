@@ -115,6 +115,9 @@ def library_path() -> Path:
                       "with `make -C native` in a checkout, or install etserve's platform wheel")
 
 
+_FLT_MIN = 1.1754943508222875e-38  # the smallest normal float32
+
+
 def _load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p_model = ctypes.c_void_p
@@ -265,8 +268,11 @@ class NativeModel:
         bias_ids = list(params.logit_bias)
         c = _Sampling(
             temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
+            # a top_k of the vocabulary or more keeps every token: off (and it may not fit int32)
+            top_k=params.top_k if params.top_k < self.info.vocab_size else 0,
+            # a top_p below float32's range would reach the C struct as 0, which means off: the
+            # smallest normal float keeps the best token, as any tiny top_p does
+            top_p=max(params.top_p, _FLT_MIN) if params.top_p > 0 else params.top_p,
             min_p=params.min_p,
             repetition_penalty=params.repetition_penalty,
             presence_penalty=params.presence_penalty,

@@ -111,3 +111,18 @@ def test_template_injection_is_rendered_as_text(server):
     r = requests.post(server.base_url + "/apply-template", timeout=10,
                       json={"messages": [{"role": "user", "content": sneaky}]})
     assert r.status_code == 200 and sneaky in r.json()["prompt"]
+
+
+@pytest.mark.parametrize("path, extra", [
+    ("/v1/chat/completions", {"messages": OK_MSG}),
+    ("/v1/completions", {"prompt": "hi"}),
+])
+def test_extreme_but_valid_sampling_values_are_served(server, path, extra):
+    """A top_k past the vocabulary and past int32 (the C sampler's field) keeps every token; a
+    top_p of 1e-300 keeps the best one: greedy text, a 200 (schemathesis found the 500)."""
+    body = {"max_tokens": 4, "top_k": 2**62, "top_p": 1e-300, "seed": 1, **extra}
+    r = requests.post(server.base_url + path, json=body, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    greedy = requests.post(server.base_url + path, json={**body, "top_k": 0, "temperature": 0}, timeout=120)
+    field = "message" if path.endswith("chat/completions") else "text"
+    assert r.json()["choices"][0][field] == greedy.json()["choices"][0][field]

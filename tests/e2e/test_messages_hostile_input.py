@@ -104,3 +104,15 @@ def test_server_unharmed_after_the_corpus(server, baseline):
     after = requests.post(server.base_url + "/v1/messages", json=body, timeout=120).json()
     assert after["content"] == before
     assert requests.get(server.base_url + "/health", timeout=5).json()["status"] == "ok"
+
+
+def test_extreme_but_valid_sampling_values_are_served(server):
+    """Values the spec allows, at its edges: a top_k past the vocabulary and past int32 (the
+    C sampler's field) keeps every token; a top_p of 2e-94 keeps the best one. Found by
+    schemathesis as a 500 ("invalid sampling parameters")."""
+    body = {"max_tokens": 4, "messages": OK_MSG, "top_k": 1262796495732399, "top_p": 2.273149252015718e-94}
+    r = requests.post(server.base_url + "/v1/messages", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    greedy = requests.post(server.base_url + "/v1/messages", json={**body, "top_k": 0, "temperature": 0},
+                           timeout=120)
+    assert r.json()["content"] == greedy.json()["content"]  # top_p 2e-94: the best token each step

@@ -119,3 +119,20 @@ def test_the_test_model_runs_our_custom_op_kernels(model_dir):
     assert read_manifest(model_dir)["custom_ops"] is True
     with open(model_dir / "model.pte", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         assert m.find(b"llama::custom_sdpa") != -1 and m.find(b"llama::update_cache") != -1
+
+
+def test_a_top_k_of_the_vocabulary_or_more_is_off(model, prompt_ids):
+    """However large: 2^50 does not fit the C struct's int32 and must not reach it wrapped."""
+    model.forward(prompt_ids, 0)
+    draws = lambda k: [model.sample(SamplingParams(temperature=1.5, top_k=k), s)[0] for s in range(0, 100, 10)]
+    off = draws(0)
+    assert draws(model.info.vocab_size) == off
+    assert draws(1262796495732399) == off
+    assert draws(2**31) == off
+
+
+def test_a_top_p_below_float32s_range_keeps_the_best_token(model, prompt_ids):
+    """1e-300 is a valid top_p (in (0, 1]) that float32 rounds to 0, the C sampler's "off"."""
+    model.forward(prompt_ids, 0)
+    best = argmax(model.logits())
+    assert {model.sample(SamplingParams(temperature=1.5, top_p=1e-300), s)[0] for s in range(20)} == {best}
