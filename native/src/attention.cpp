@@ -501,9 +501,8 @@ void run_decode(const AttnArgs& a) {
   int64_t ranges = 1;
   if (threads > 1 && a.B < threads && a.B * lim * H * D >= (1 << 17))  // below ~20 us: one thread
     ranges = std::min<int64_t>((threads + a.B - 1) / a.B, std::max<int64_t>(1, lim / 128));
-  if (lim <= 0) ranges = 1;
-  const int64_t chunk = (std::max<int64_t>(lim, 1) + ranges - 1) / ranges + kKeyBlock - 1;
-  const int64_t step = chunk / kKeyBlock * kKeyBlock;  // whole blocks
+  // keys per range, in whole blocks (rounding up may leave fewer ranges)
+  const int64_t step = ((std::max<int64_t>(lim, 1) + ranges - 1) / ranges + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
   ranges = std::max<int64_t>(1, (lim + step - 1) / step);
   if (ranges == 1) {
     executorch::extension::parallel_for(0, a.B, 1, [&](int64_t b0, int64_t b1) {

@@ -3,9 +3,11 @@
 // With x = (q8 - zp) * scale per row, a key row's score for query f (floats,
 // times the softmax scale) is k_scale * (f . k8 - k_zp * sum(f)), and a value
 // row's contribution to the weighted sum is p * v_scale * (v8 - v_zp): the
-// rows are used as stored (int8 converted to float in registers) and the zero
-// points enter once per row and head, through sum(f) and through one
-// correction per block, sum over the block of p * v_scale * v_zp.
+// rows are used as stored (int8 converted in registers) and the zero points
+// enter once per row and head, through sum(f) and through one correction per
+// block, sum over the block of p * v_scale * v_zp. With AVX-512 VNNI both
+// products are integer: exact int32 scores (simd.h's exact_scores16), and the
+// weights p * v_scale as 16-bit fixed point per block (vnni_weighted_sums).
 #include "attention_decode.h"
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
@@ -34,7 +36,6 @@ constexpr int64_t kAhead = 2;
 // And further on into L2 only (prefetcht1): a second level that keeps more lines in flight
 // from memory. 12k cache, 24 layers: 4.1-4.2 ms without, 3.6-3.8 ms with it at 4 to 8 blocks.
 constexpr int64_t kFar = 6;
-constexpr int64_t kParamAhead = 2;
 constexpr int kMaxG = 8, kMaxD = 128;
 
 // The vector type the kernel works in: 16 floats with AVX-512, else 8.
@@ -279,7 +280,9 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       _mm512_mask_storeu_epi32(sc.kzi + jp, m16, kzv);
       _mm512_mask_storeu_epi32(sc.vzi + jp, m16, vzv);
       _mm512_mask_storeu_ps(sc.kzp + jp, m16, _mm512_cvtepi32_ps(kzv));
+#if !defined(ETS_DECODE_VNNI)  // the float weighted sums' correction (VNNI: integer, vzi)
       _mm512_mask_storeu_ps(sc.vzp + jp, m16, _mm512_cvtepi32_ps(vzv));
+#endif
     }
   }
 #endif
@@ -289,7 +292,9 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     sc.kzp[j] = static_cast<float>(sc.kzi[j]);
     sc.vsc[j] = vs[(jb + j) * V.sc_ss];
     sc.vzi[j] = vz[(jb + j) * V.zp_ss];
+#if !defined(ETS_DECODE_VNNI)
     sc.vzp[j] = static_cast<float>(sc.vzi[j]);
+#endif
   }
 
 #if defined(ETS_DECODE_VNNI)
@@ -513,13 +518,12 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
     const int64_t len = std::min(kBlock, jend - jb);
     const int64_t ahead = jb + kAhead * kBlock;
     const int64_t n_ahead = std::min(kBlock, jend - ahead);
-    // The row parameters of every head further on (a few lines a block).
-    const int64_t pa = jb + kParamAhead * kBlock, n_pa = std::min(kBlock, jend - pa);
-    if (n_pa > 0) {
-      prefetch_rows(K.scale + b * K.sc_sb + pa * K.sc_ss, n_pa, K.sc_ss * 4, (Hkv - 1) * K.sc_sh * 4 + 4);
-      prefetch_rows(V.scale + b * V.sc_sb + pa * V.sc_ss, n_pa, V.sc_ss * 4, (Hkv - 1) * V.sc_sh * 4 + 4);
-      prefetch_rows(K.zero_point + b * K.zp_sb + pa * K.zp_ss, n_pa, K.zp_ss, (Hkv - 1) * K.zp_sh + 1);
-      prefetch_rows(V.zero_point + b * V.zp_sb + pa * V.zp_ss, n_pa, V.zp_ss, (Hkv - 1) * V.zp_sh + 1);
+    // The row parameters of every head, kAhead blocks on (a few lines a block).
+    if (n_ahead > 0) {
+      prefetch_rows(K.scale + b * K.sc_sb + ahead * K.sc_ss, n_ahead, K.sc_ss * 4, (Hkv - 1) * K.sc_sh * 4 + 4);
+      prefetch_rows(V.scale + b * V.sc_sb + ahead * V.sc_ss, n_ahead, V.sc_ss * 4, (Hkv - 1) * V.sc_sh * 4 + 4);
+      prefetch_rows(K.zero_point + b * K.zp_sb + ahead * K.zp_ss, n_ahead, K.zp_ss, (Hkv - 1) * K.zp_sh + 1);
+      prefetch_rows(V.zero_point + b * V.zp_sb + ahead * V.zp_ss, n_ahead, V.zp_ss, (Hkv - 1) * V.zp_sh + 1);
     }
     for (int64_t g = 0; g < Hkv; ++g) decode_block<G, D>(a, sc, b, g, jb, len, jend, n_ahead, mrow);
   }
