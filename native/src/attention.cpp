@@ -67,13 +67,25 @@ struct Scratch {
   std::vector<int8_t> q8;
   std::vector<int32_t> qz, qsum, ka, kb;
   std::vector<uint8_t> ktbuf;
+  // VNNI weighted sums (vnni_values, vnni_weights): a block's values less their zero points
+  // as int16 pairs of keys (vi, 64-byte aligned in vibuf), their sums over the block per dim
+  // (vcs) and their scales (vsc); per query vector its weights as 16-bit fixed point, two
+  // keys' in a dword (wq, kKeyBlock / 2 a vector), and their scale (wsc)
+  std::vector<uint8_t> vibuf;
+  std::vector<int32_t> vcs, wq;
+  std::vector<float> vsc, wsc;
+  std::vector<float> qc;  // the queries' scales times the softmax scale (vnni_scores_tile)
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
         vf(kKeyBlock * D), ksc(kKeyBlock), qi(nq * D),
         ki(kKeyBlock * D), qf(nq), di(kKeyBlock), lim(rows), q8(nq * D), qz(nq), qsum(nq),
-        ka(kKeyBlock), kb(kKeyBlock), ktbuf(kKeyBlock * D + 64) {}
+        ka(kKeyBlock), kb(kKeyBlock), ktbuf(kKeyBlock * D + 64), vibuf(kKeyBlock * D * 2 + 64),
+        vcs(D), wq(nq * kKeyBlock / 2), vsc(kKeyBlock), wsc(nq), qc(nq) {}
   uint8_t* kt() {
     return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ktbuf.data()) + 63) & ~uintptr_t(63));
+  }
+  int16_t* vi() {
+    return reinterpret_cast<int16_t*>((reinterpret_cast<uintptr_t>(vibuf.data()) + 63) & ~uintptr_t(63));
   }
 };
 
@@ -172,6 +184,172 @@ void vnni_scores(Scratch& sc, int64_t t, int64_t D, int64_t vis, float c, float*
                                               _mm512_loadu_ps(sc.ksc.data() + j), vc));
   }
 }
+
+// vnni_scores for every query vector of a tile (rows r with vis[r] keys of the block visible;
+// query vector t = r * G + h scaled by c[t]) at once, DQ = D / 4 quads: 16 keys at a time, the
+// chunk's quad vectors loaded once into registers for all of them, two queries interleaved.
+template <int DQ>
+void vnni_scores_tile(Scratch& sc, int64_t R, int64_t G, const int64_t* vis, int64_t vis_max, const float* c) {
+  const uint8_t* kt = sc.kt();
+  for (int64_t j = 0; j < vis_max; j += 16) {
+    const uint8_t* chunk = kt + (j / 16) * DQ * 64;
+    __m512i kv[DQ];
+    for (int d = 0; d < DQ; ++d) kv[d] = _mm512_load_si512(chunk + d * 64);
+    const __m512i A = _mm512_loadu_si512(sc.ka.data() + j), B = _mm512_loadu_si512(sc.kb.data() + j);
+    const __m512 ks = _mm512_loadu_ps(sc.ksc.data() + j);
+    auto finish = [&](int64_t t, __m512i dot) {
+      _mm512_storeu_ps(sc.s.data() + t * kKeyBlock + j,
+                       exact_scores16(dot, _mm512_set1_epi32(sc.qsum[t]), _mm512_set1_epi32(sc.qz[t]), A, B, ks,
+                                      _mm512_set1_ps(c[t])));
+    };
+    for (int64_t r = 0; r < R; ++r) {
+      if (vis[r] <= j) continue;
+      int64_t t = r * G;
+      const int64_t t_end = t + G;
+      for (; t + 2 <= t_end; t += 2) {
+        const int32_t* q0 = reinterpret_cast<const int32_t*>(sc.q8.data() + t * DQ * 4);
+        const int32_t* q1 = q0 + DQ;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
+        for (int d = 0; d < DQ; d += 2) {
+          a0 = dpbusd(a0, kv[d], q0 + d);
+          b0 = dpbusd(b0, kv[d], q1 + d);
+          a1 = dpbusd(a1, kv[d + 1], q0 + d + 1);
+          b1 = dpbusd(b1, kv[d + 1], q1 + d + 1);
+        }
+        finish(t, _mm512_add_epi32(a0, a1));
+        finish(t + 1, _mm512_add_epi32(b0, b1));
+      }
+      if (t < t_end) {
+        const int32_t* q0 = reinterpret_cast<const int32_t*>(sc.q8.data() + t * DQ * 4);
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+        for (int d = 0; d < DQ; d += 2) {
+          a0 = dpbusd(a0, kv[d], q0 + d);
+          a1 = dpbusd(a1, kv[d + 1], q0 + d + 1);
+        }
+        finish(t, _mm512_add_epi32(a0, a1));
+      }
+    }
+  }
+}
+
+// Integer weighted sums with 512-bit vpdpwssd, as the decode kernel does them (see
+// attention_decode.cpp): per query vector and block, the weights w = e * v_scale become 16-bit
+// fixed point u = round(w / wsc) over [0, max w] (an error of at most 2^-17 of the block's
+// largest weight per key), stored as u - 32768; the block's values less their zero points are
+// int16 ([-255, 255]), two keys' interleaved in each dword, once for the whole tile. Then
+//   sum_j u_j (v_j - z_j) = sum_j (u_j - 32768)(v_j - z_j) + 32768 sum_j (v_j - z_j),
+// all in int32 (at most 2 * 64 * 32768 * 255 < 2^31). A key a row does not see has u = 0, so
+// the block's sums over every loaded row serve each row.
+
+// Rows [j0, j0 + n) of kv head h of the int8 values into sc: vi as [pair of keys][D / 16]
+// [16 dims x 2 keys] (an odd last row paired with zeros), vcs, vsc.
+void vnni_values(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h, int64_t D, Scratch& sc) {
+  alignas(64) static constexpr int16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                          21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                          11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kInterleave), ones = _mm512_set1_epi16(1);
+  const int8_t* data = x.i8 + b * x.sb + h * x.sh;
+  const float* scale = x.scale + b * x.sc_sb + h * x.sc_sh;
+  const int8_t* zero = x.zero_point + b * x.zp_sb + h * x.zp_sh;
+  const int64_t DV = D / 16;
+  int16_t* vi = sc.vi();
+  __m512i cs[kMaxVnniD / 16];
+  for (int64_t c = 0; c < DV; ++c) cs[c] = _mm512_setzero_si512();
+  for (int64_t j = 0; j < n; j += 2) {
+    const bool two = j + 1 < n;
+    const int8_t* ra = data + (j0 + j) * x.ss;
+    const int8_t* rb = two ? ra + x.ss : nullptr;
+    const int32_t za = zero[(j0 + j) * x.zp_ss], zb = two ? zero[(j0 + j + 1) * x.zp_ss] : 0;
+    const __m512i zz = _mm512_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(zb) << 16) |
+                                                              (static_cast<uint32_t>(za) & 0xFFFFu)));
+    sc.vsc[j] = scale[(j0 + j) * x.sc_ss];
+    if (two) sc.vsc[j + 1] = scale[(j0 + j + 1) * x.sc_ss];
+    int16_t* dst = vi + (j / 2) * D * 2;
+    for (int64_t c = 0; c < DV; ++c) {
+      const __m256i a16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra + c * 16)));
+      const __m256i b16 = two ? _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb + c * 16)))
+                              : _mm256_setzero_si256();
+      const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a16), b16, 1);
+      const __m512i v = _mm512_sub_epi16(_mm512_permutexvar_epi16(idx, ab), zz);
+      _mm512_store_si512(dst + c * 32, v);
+      cs[c] = _mm512_add_epi32(cs[c], _mm512_madd_epi16(v, ones));
+    }
+  }
+  for (int64_t c = 0; c < DV; ++c) _mm512_storeu_si512(sc.vcs.data() + c * 16, cs[c]);
+}
+
+// wq of query vector t over the block's np pairs of keys from its exponentials e (srow, keys
+// [0, vis) visible) and the value scales; returns wsc (0 when every weight is 0).
+float vnni_weights(Scratch& sc, int64_t t, const float* srow, int64_t vis, int64_t np) {
+  alignas(64) float w[kKeyBlock];
+  int16_t* wq = reinterpret_cast<int16_t*>(sc.wq.data() + t * (kKeyBlock / 2));
+  __m512 vmax = _mm512_setzero_ps();
+  for (int64_t j = 0; j < 2 * np; j += 16) {
+    const int64_t left = vis - j;
+    const __mmask16 m = left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, srow + j), _mm512_maskz_loadu_ps(m, sc.vsc.data() + j));
+    _mm512_store_ps(w + j, x);
+    vmax = _mm512_max_ps(vmax, x);
+  }
+  const float wmax = _mm512_reduce_max_ps(vmax);
+  if (!(wmax > 0.f)) {
+    std::fill(wq, wq + 2 * np, static_cast<int16_t>(-32768));
+    return 0.f;
+  }
+  const __m512 f = _mm512_set1_ps(65535.f / wmax);
+  const __m512i top = _mm512_set1_epi32(65535), half = _mm512_set1_epi32(32768);
+  for (int64_t j = 0; j < 2 * np; j += 16) {
+    const __m512i u = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + j), f)), top);
+    const __m256i q = _mm512_cvtepi32_epi16(_mm512_sub_epi32(u, half));
+    if (2 * np - j >= 16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + j), q);
+    } else {
+      alignas(32) int16_t tmp[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), q);
+      std::copy(tmp, tmp + (2 * np - j), wq + j);
+    }
+  }
+  return wmax / 65535.f;
+}
+
+// acc of query vectors [t0, t0 + QV) (D floats each, in order) += wsc * the block's integer
+// weighted sums over its np pairs of keys, for dims [16 c0, 16 (c0 + NC)).
+template <int QV, int NC>
+inline void vnni_pv_dims(Scratch& sc, int64_t t0, int64_t np, int64_t D, int64_t c0, float* acc) {
+  const int16_t* vi = sc.vi() + c0 * 32;
+  const int32_t* wq = sc.wq.data() + t0 * (kKeyBlock / 2);
+  const int64_t stride = D * 2;  // int16 a pair of keys
+  __m512i o[QV][NC];
+  for (int q = 0; q < QV; ++q)
+    for (int k = 0; k < NC; ++k) o[q][k] = _mm512_setzero_si512();
+  for (int64_t p = 0; p < np; ++p) {
+    __m512i v[NC];
+    for (int k = 0; k < NC; ++k) v[k] = _mm512_load_si512(vi + p * stride + k * 32);
+    for (int q = 0; q < QV; ++q)
+      for (int k = 0; k < NC; ++k) o[q][k] = dpwssd(o[q][k], v[k], wq + q * (kKeyBlock / 2) + p);
+  }
+  for (int k = 0; k < NC; ++k) {
+    const __m512i off = _mm512_slli_epi32(_mm512_loadu_si512(sc.vcs.data() + (c0 + k) * 16), 15);
+    for (int q = 0; q < QV; ++q) {
+      float* a = acc + (t0 + q) * D + (c0 + k) * 16;
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_add_epi32(o[q][k], off));
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(x, _mm512_set1_ps(sc.wsc[t0 + q]), _mm512_loadu_ps(a)));
+    }
+  }
+}
+
+template <int QV>
+void vnni_pv(Scratch& sc, int64_t t0, int64_t np, int64_t D, float* acc) {
+  const int64_t DV = D / 16;
+  int64_t c0 = 0;
+  for (; c0 + 4 <= DV; c0 += 4) vnni_pv_dims<QV, 4>(sc, t0, np, D, c0, acc);
+  switch (DV - c0) {
+    case 3: vnni_pv_dims<QV, 3>(sc, t0, np, D, c0, acc); break;
+    case 2: vnni_pv_dims<QV, 2>(sc, t0, np, D, c0, acc); break;
+    case 1: vnni_pv_dims<QV, 1>(sc, t0, np, D, c0, acc); break;
+    default: break;
+  }
+}
 #endif
 
 // Where a tile's results go: normalized into the output, or (key-split
@@ -196,11 +374,13 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
   // int8 keys are read less their zero points (exact), their scales applied to
   // the scores instead of to every element; with int8 queries too, the scores'
   // dot products are exact in int32 (the queries as int16 then, or raw with
-  // VNNI). int8 values: a block's rows dequantized once for the whole tile.
+  // VNNI). int8 values: a block's rows dequantized once for the whole tile, or with
+  // VNNI converted once to int16 pairs for integer weighted sums (vnni_values).
   const bool k8 = a.k.f32 == nullptr;
   const bool exact = k8 && a.q.f32 == nullptr;
 #if defined(ETS_ATTN_VNNI)
   const bool vnni = exact && D % 4 == 0 && D <= kMaxVnniD;
+  const bool vnni_v = a.v.i8 != nullptr && D % 16 == 0 && D <= kMaxVnniD;  // integer weighted sums
 #else
   constexpr bool vnni = false;
 #endif
@@ -262,7 +442,18 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
     }
     // Scores, 8 keys at a time for every query vector of the tile.
     int64_t vis_max = 0;  // keys of this block visible to some row
-    for (int64_t r = 0; r < R; ++r) {
+#if defined(ETS_ATTN_VNNI)
+    if (vnni && D == 64) {
+      int64_t vis[kRowTile];
+      for (int64_t r = 0; r < R; ++r) {
+        vis[r] = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
+        vis_max = std::max(vis_max, vis[r]);
+      }
+      for (int64_t t = 0; t < NQ; ++t) sc.qc[t] = sc.qf[t] * a.scale;
+      vnni_scores_tile<16>(sc, R, G, vis, vis_max, sc.qc.data());
+    }
+#endif
+    for (int64_t r = 0; r < R && !(vnni && D == 64); ++r) {
       const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
       vis_max = std::max(vis_max, vis);
       for (int64_t h = 0; h < G; ++h) {
@@ -312,6 +503,23 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
         m[t] = mn;
       }
     }
+#if defined(ETS_ATTN_VNNI)
+    if (vnni_v) {
+      vnni_values(a.v, b, jb, vis_max, g, D, sc);
+      const int64_t np = (vis_max + 1) / 2;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
+        for (int64_t h = 0; h < G; ++h) {
+          const int64_t t = r * G + h;
+          sc.wsc[t] = vnni_weights(sc, t, sc.s.data() + t * kKeyBlock, vis, np);
+        }
+      }
+      int64_t t = 0;
+      for (; t + 4 <= NQ; t += 4) vnni_pv<4>(sc, t, np, D, acc);
+      for (; t < NQ; ++t) vnni_pv<1>(sc, t, np, D, acc);
+      continue;
+    }
+#endif
     // Value rows, then the weighted sums.
     const float* vp;
     int64_t vs;

@@ -158,8 +158,8 @@ inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
       for (int h = 0; h < G; ++h) {
         const __m512i w = _mm512_set1_epi32(sc.wq[h * (kBlock / 2) + j / 2]);
-        o[h][0] = _mm512_dpwssd_epi32(o[h][0], lo, w);
-        o[h][1] = _mm512_dpwssd_epi32(o[h][1], hi, w);
+        o[h][0] = dpwssd(o[h][0], lo, w);
+        o[h][1] = dpwssd(o[h][1], hi, w);
       }
     };
     // The rows kAhead blocks on (and kFar, into L2), asked for a pair at a time: the slices
@@ -326,9 +326,9 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
         transpose16(r);
 #pragma GCC unroll 16
         for (int q = 0; q < 16; ++q) {
-          U = _mm512_dpbusd_epi32(U, r[q], ones);
+          U = dpbusd(U, r[q], ones);
           for (int h = 0; h < G; ++h)
-            dots[h] = _mm512_dpbusd_epi32(dots[h], r[q], _mm512_set1_epi32(sc.q8[(t0 + h) * (D / 4) + half * 16 + q]));
+            dots[h] = dpbusd(dots[h], r[q], sc.q8 + (t0 + h) * (D / 4) + half * 16 + q);
         }
       }
       const __m512i A = _mm512_add_epi32(_mm512_set1_epi32(128), _mm512_loadu_si512(sc.kzi + c));

@@ -18,6 +18,7 @@
 // over them). Threads split the output features (N) by blocks or panels.
 // Without AVX2 (and F16C, FMA): the same arithmetic in scalar code.
 #include "linear_q4.h"
+#include "simd.h"  // dpbusd
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
 // -Wmaybe-uninitialized reports where they are inlined.
@@ -44,6 +45,9 @@ namespace etserve {
 namespace {
 
 using executorch::runtime::Error;
+#if defined(ETS_Q4_AVX512)
+using simd::dpbusd;
+#endif
 
 // Per-row asymmetric int8 quantization as torchao's choose_qparams_affine and
 // quantize_affine do it; stores q + 128 (0..255) and returns scale and 128 + zp.
@@ -187,9 +191,8 @@ void gemv512(const uint8_t* xq, const int32_t* x8, float xs, int32_t off, int64_
       _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
       const __m512i wv = _mm512_loadu_si512(w);
       __m512i d = _mm512_load_si512(x8 + g * 16);
-      d = _mm512_dpbusd_epi32(d, _mm512_load_si512(xq + g * 128), _mm512_and_si512(wv, nib));
-      d = _mm512_dpbusd_epi32(d, _mm512_load_si512(xq + g * 128 + 64),
-                              _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib));
+      d = dpbusd(d, _mm512_load_si512(xq + g * 128), _mm512_and_si512(wv, nib));
+      d = dpbusd(d, _mm512_load_si512(xq + g * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib));
       const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4(s)));
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc);
     }
@@ -336,7 +339,7 @@ void panel_rows(const uint8_t* x0, int64_t K, const int8_t* pw, const float* ps,
     for (int k = 0; k < 8; ++k) {
       const __m512i w = _mm512_load_si512(wg + k * kPanel * 4);
       for (int r = 0; r < RM; ++r)
-        acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(quad(xg + r * K + 4 * k)), w);
+        acc[r] = dpbusd(acc[r], _mm512_set1_epi32(quad(xg + r * K + 4 * k)), w);
     }
     const __m512 sc = _mm512_load_ps(ps + g * kPanel);
     for (int r = 0; r < RM; ++r) out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), sc, out[r]);

@@ -4,6 +4,11 @@
 #include "model.h"
 #include "simd.h"
 
+// GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
+// -W(maybe-)uninitialized reports where simd.h's reductions are inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>

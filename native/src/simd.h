@@ -174,7 +174,20 @@ inline float dot1(const float* q, const float* k, int64_t D) {
 inline float add_max(float* p, const float* m, int64_t n) {
   int64_t j = 0;
   float mx = -INFINITY;
-#ifdef ETS_AVX2
+#ifdef ETS_AVX512
+  const __m512 lowest = _mm512_set1_ps(-INFINITY);
+  __m512 vm = lowest;
+  for (; j < n; j += 16) {
+    const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    __m512 x = _mm512_mask_loadu_ps(lowest, k, p + j);
+    if (m) {
+      x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, m + j));
+      _mm512_mask_storeu_ps(p + j, k, x);
+    }
+    vm = _mm512_max_ps(vm, x);
+  }
+  mx = _mm512_reduce_max_ps(vm);
+#elif defined(ETS_AVX2)
   __m256 vm = _mm256_set1_ps(-INFINITY);
   if (m) {
     for (; j + 8 <= n; j += 8) {
@@ -201,7 +214,17 @@ inline float add_max(float* p, const float* m, int64_t n) {
 inline float exp_shift_sum(float* p, int64_t n, float mx) {
   int64_t j = 0;
   float sum = 0;
-#ifdef ETS_AVX2
+#ifdef ETS_AVX512
+  const __m512 m = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  for (; j < n; j += 16) {
+    const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + j), m)));
+    _mm512_mask_storeu_ps(p + j, k, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#elif defined(ETS_AVX2)
   __m256 m = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
   for (; j + 8 <= n; j += 8) {
@@ -359,6 +382,30 @@ inline void weighted_acc2(const float* p0, const float* p1, int64_t n, const flo
 }
 
 #ifdef ETS_VNNI512
+// acc + the products of a and b (vpdpbusd: unsigned bytes of a times signed bytes of b, four
+// to a dword; vpdpwssd: signed words, two to a dword). GCC 12 treats the intrinsics'
+// accumulator as a separate input: it copies it into a fresh register before every
+// instruction and back after (measured: the prefill tile's weighted sums spent more of their
+// time in those moves than in vpdpwssd). An asm statement that updates its operand in place
+// lets the accumulator stay where it is.
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+// The same with b one dword broadcast from memory.
+inline __m512i dpbusd(__m512i acc, __m512i a, const int32_t* b) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*b));
+  return acc;
+}
+inline __m512i dpwssd(__m512i acc, __m512i a, const int32_t* b) {
+  asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*b));
+  return acc;
+}
+
 // Attention scores of one query vector for 16 int8 keys, exact in int32 before the scales. The
 // keys enter vpdpbusd unsigned, u = k + 128, against the query's raw int8 q: with dot = sum q u,
 // Q = sum q and U = sum u, sum (q - qz)(k - kz) = dot - Q a - qz b, a = 128 + kz and
