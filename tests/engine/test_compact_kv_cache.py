@@ -36,6 +36,11 @@ block, ~2^-14 of the outputs' range; they differ in the order of fp32 roundings)
   top-1 at every position compared. Then the decode kernel's weighted sums in integers (16-bit
   fixed-point weights per 64-key block, 2^-17 of the block's largest per key) and eight-row
   panels: 0.019, 0.024 (mean 0.0056), 62 of 64, identical for 8 tokens (margins 0.28, 0.14).
+  Then the prefill tile's weighted sums in integers too (same fixed point), 2026-12-01:
+  0.021, 0.041 (mean 0.0067), 58 of 64, identical for 8 tokens, the six disagreements at
+  reference margins 0.001-0.28; the same library with the tile's sums in fp32: 0.017, 0.038,
+  63 of 64; the library before both changes, whose sums differ from that one only in fp32
+  rounding order: 0.013, 0.044, 62 of 64.
 Every confident position agrees with either. Which positions are near-ties depends on where the
 texts part, so the bounds leave room for a run of them. The same comparison of the fp32-cache .pte against its
 eager model (XNNPACK's kernels alone) measures KL max 0.018 (mean 0.0042), 63 of 64, parting at
