@@ -156,8 +156,8 @@ inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_
     auto pair = [&](__m512i a, __m512i b, int64_t j) {
       colsum = _mm512_add_epi16(colsum, _mm512_add_epi16(a, b));
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
-      for (int h = 0; h < G; ++h) {
-        const __m512i w = _mm512_set1_epi32(sc.wq[h * (kBlock / 2) + j / 2]);
+      for (int h = 0; h < G; ++h) {  // the weight broadcast from memory by each instruction
+        const int32_t* w = sc.wq + h * (kBlock / 2) + j / 2;
         o[h][0] = dpwssd(o[h][0], lo, w);
         o[h][1] = dpwssd(o[h][1], hi, w);
       }
