@@ -4,6 +4,7 @@ chat turn in a named session, and /health polled in a thread."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
 from dataclasses import dataclass
 
@@ -108,8 +109,6 @@ class HealthPoller:
     the same time saw none over 50 ms."""
 
     def __init__(self, url: str, hz: float = 20.0):
-        import multiprocessing
-
         self.url, self.period = url + "/health", 1.0 / hz
         self.latencies: list[float] = []
         self.failures = 0

@@ -74,7 +74,7 @@ struct Scratch {
   std::vector<uint8_t> vibuf;
   std::vector<int32_t> vcs, wq;
   std::vector<float> vsc, wsc;
-  std::vector<float> qc;  // the queries' scales times the softmax scale (vnni_scores_tile)
+  std::vector<float> qc;  // VNNI: the queries' scales times the softmax scale
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
         vf(kKeyBlock * D), ksc(kKeyBlock), qi(nq * D),
@@ -400,6 +400,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
         sc.qsum[t] = sum;
         sc.qz[t] = a.q.zero_point[b * a.q.zp_sb + (i0 + r) * a.q.zp_ss + hq * a.q.zp_sh];
         sc.qf[t] = a.q.scale[b * a.q.sc_sb + (i0 + r) * a.q.sc_ss + hq * a.q.sc_sh];
+        sc.qc[t] = sc.qf[t] * a.scale;
         continue;
       }
       if (exact) {
@@ -440,29 +441,26 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       kp = sc.kf.data();
       ks = D;
     }
-    // Scores, 8 keys at a time for every query vector of the tile.
-    int64_t vis_max = 0;  // keys of this block visible to some row
-#if defined(ETS_ATTN_VNNI)
-    if (vnni && D == 64) {
-      int64_t vis[kRowTile];
-      for (int64_t r = 0; r < R; ++r) {
-        vis[r] = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
-        vis_max = std::max(vis_max, vis[r]);
-      }
-      for (int64_t t = 0; t < NQ; ++t) sc.qc[t] = sc.qf[t] * a.scale;
-      vnni_scores_tile<16>(sc, R, G, vis, vis_max, sc.qc.data());
+    // Keys of this block each row sees, and that some row sees.
+    int64_t vis[kRowTile], vis_max = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      vis[r] = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
+      vis_max = std::max(vis_max, vis[r]);
     }
+    // Scores, 8 keys at a time for every query vector of the tile (VNNI: 16).
+#if defined(ETS_ATTN_VNNI)
+    if (vnni && D == 64)
+      vnni_scores_tile<16>(sc, R, G, vis, vis_max, sc.qc.data());
+    else
 #endif
-    for (int64_t r = 0; r < R && !(vnni && D == 64); ++r) {
-      const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
-      vis_max = std::max(vis_max, vis);
+    for (int64_t r = 0; r < R; ++r) {
       for (int64_t h = 0; h < G; ++h) {
         const int64_t t = r * G + h;
         float* srow = sc.s.data() + t * kKeyBlock;
         int64_t j = 0;
         if (vnni) {
 #if defined(ETS_ATTN_VNNI)
-          if (vis > 0) vnni_scores(sc, t, D, vis, sc.qf[t] * a.scale, srow);
+          if (vis[r] > 0) vnni_scores(sc, t, D, vis[r], sc.qc[t], srow);
 #endif
           continue;
         }
@@ -470,34 +468,33 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
           const int16_t* qv = sc.qi.data() + t * D;
           const int16_t* kv = sc.ki.data();
           int32_t* di = sc.di.data();
-          for (; j + 8 <= vis; j += 8) dot8_i16(qv, kv + j * D, D, D, di + j);
-          for (; j < vis; ++j) di[j] = dot1_i16(qv, kv + j * D, D);
-          scale_ints(di, sc.ksc.data(), sc.qf[t] * a.scale, vis, srow);
+          for (; j + 8 <= vis[r]; j += 8) dot8_i16(qv, kv + j * D, D, D, di + j);
+          for (; j < vis[r]; ++j) di[j] = dot1_i16(qv, kv + j * D, D);
+          scale_ints(di, sc.ksc.data(), sc.qf[t] * a.scale, vis[r], srow);
           continue;
         }
         const float* qv = qs + t * D;
-        for (; j + 8 <= vis; j += 8) dot8(qv, kp + j * ks, ks, D, srow + j);
-        for (; j < vis; ++j) srow[j] = dot1(qv, kp + j * ks, D);
-        if (k8) mul_elems(srow, sc.ksc.data(), vis, srow);
+        for (; j + 8 <= vis[r]; j += 8) dot8(qv, kp + j * ks, ks, D, srow + j);
+        for (; j < vis[r]; ++j) srow[j] = dot1(qv, kp + j * ks, D);
+        if (k8) mul_elems(srow, sc.ksc.data(), vis[r], srow);
       }
     }
     if (vis_max == 0) continue;
     // Online softmax: rescale what came before to the new running max.
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
-      if (vis == 0) continue;
+      if (vis[r] == 0) continue;
       const float* mrow = a.mask ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
       for (int64_t h = 0; h < G; ++h) {
         const int64_t t = r * G + h;
         float* srow = sc.s.data() + t * kKeyBlock;
-        const float bm = add_max(srow, mrow, vis);
+        const float bm = add_max(srow, mrow, vis[r]);
         const float mn = std::max(m[t], bm);
         if (!(mn > -INFINITY)) {  // everything so far masked out
-          std::fill(srow, srow + vis, 0.f);
+          std::fill(srow, srow + vis[r], 0.f);
           continue;
         }
         const float corr = m[t] > -INFINITY ? std::exp(m[t] - mn) : 0.f;
-        const float sum = exp_shift_sum(srow, vis, mn);
+        const float sum = exp_shift_sum(srow, vis[r], mn);
         if (corr != 1.f) scale_row(acc + t * D, D, corr);
         l[t] = l[t] * corr + sum;
         m[t] = mn;
@@ -507,13 +504,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
     if (vnni_v) {
       vnni_values(a.v, b, jb, vis_max, g, D, sc);
       const int64_t np = (vis_max + 1) / 2;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
-        for (int64_t h = 0; h < G; ++h) {
-          const int64_t t = r * G + h;
-          sc.wsc[t] = vnni_weights(sc, t, sc.s.data() + t * kKeyBlock, vis, np);
-        }
-      }
+      for (int64_t t = 0; t < NQ; ++t) sc.wsc[t] = vnni_weights(sc, t, sc.s.data() + t * kKeyBlock, vis[t / G], np);
       int64_t t = 0;
       for (; t + 4 <= NQ; t += 4) vnni_pv<4>(sc, t, np, D, acc);
       for (; t < NQ; ++t) vnni_pv<1>(sc, t, np, D, acc);
@@ -533,14 +524,13 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       vs = D;
     }
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t vis = std::clamp<int64_t>(sc.lim[r] - jb, 0, len);
-      if (vis == 0) continue;
+      if (vis[r] == 0) continue;
       const float* p = sc.s.data() + r * G * kKeyBlock;
       float* o = acc + r * G * D;
       int64_t h = 0;
       for (; h + 2 <= G; h += 2)  // the heads of a row see the same keys: two at a time
-        weighted_acc2(p + h * kKeyBlock, p + (h + 1) * kKeyBlock, vis, vp, vs, D, o + h * D, o + (h + 1) * D);
-      if (h < G) weighted_acc(p + h * kKeyBlock, vis, vp, vs, D, o + h * D);
+        weighted_acc2(p + h * kKeyBlock, p + (h + 1) * kKeyBlock, vis[r], vp, vs, D, o + h * D, o + (h + 1) * D);
+      if (h < G) weighted_acc(p + h * kKeyBlock, vis[r], vp, vs, D, o + h * D);
     }
   }
 

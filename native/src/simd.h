@@ -392,11 +392,7 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
   return acc;
 }
-inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
-  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-// The same with b one dword broadcast from memory.
+// The same with b one dword broadcast from memory (vpdpwssd only so).
 inline __m512i dpbusd(__m512i acc, __m512i a, const int32_t* b) {
   asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*b));
   return acc;
