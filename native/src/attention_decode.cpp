@@ -94,6 +94,7 @@ struct alignas(64) Scratch {
   float part[kMaxG * kBlock * 8];  // per head and key: 8 lanes whose total is the dot product
   float s[kMaxG * kBlock];    // scores, then weights
   float ksc[kBlock], kzp[kBlock], vsc[kBlock], vzp[kBlock];  // the block's row parameters
+  float lv[kBlock], rv[kBlock];  // VNNI: log2 and reciprocals of the value scales
   float zc[kMaxG];
   int32_t kzi[kBlock], vzi[kBlock];  // the block's zero points
   // VNNI weighted sums: per head the block's weights as 16-bit fixed point (pairs of keys are
@@ -156,8 +157,10 @@ inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_
     auto pair = [&](__m512i a, __m512i b, int64_t j) {
       colsum = _mm512_add_epi16(colsum, _mm512_add_epi16(a, b));
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+      const int32_t* wb = sc.wq + j / 2;  // the heads' weights at constant offsets from it
+      asm("" : "+r"(wb));
       for (int h = 0; h < G; ++h) {  // the weight broadcast from memory by each instruction
-        const int32_t* w = sc.wq + h * (kBlock / 2) + j / 2;
+        const int32_t* w = wb + h * (kBlock / 2);
         o[h][0] = dpwssd(o[h][0], lo, w);
         o[h][1] = dpwssd(o[h][1], hi, w);
       }
@@ -211,6 +214,86 @@ inline void vnni_unorder(float* acc) {
         acc[c + 8 * L + 4 + k] = t[16 + 4 * L + k];
       }
   }
+}
+// The block's online softmax for the G query heads of one kv head (state at t0), ending in
+// vnni_weighted_sums' weights:
+//  - per head bm = max(s) over the block; mn = max(m, bm) the new running max; what the head
+//    summed before times corr = e^(m - mn);
+//  - the weights p v_scale, p = e^(s - mn), as 16-bit fixed point in one pass of exponentials,
+//    in base 2: with y = (s - bm) log2(e) + log2(v_scale) and bp = max(y) over the block,
+//    u = round(2^(y - bp + log2(65535))), at most 65535: the block's largest weight at 65535
+//    exactly, as if all were divided by it (an error of at most 2^-17 of it), with the scale
+//    wsc = 2^(bp + (bm - mn) log2(e)) / 65535; stored less 32768 as vnni_weighted_sums takes
+//    them, with wzc = sum(u v_zp), exact;
+//  - the sum of the p from the same exponentials: l = l corr + wsc sum(2^(...) / v_scale).
+// Scores stay differences (s - bm, bm - mn) before they are scaled, exact where they are close.
+// Every step runs for all heads before the next, so that the heads' reductions overlap.
+template <int G>
+inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const float* mrow) {
+  const __m512 lowest = _mm512_set1_ps(-INFINITY), log2e = _mm512_set1_ps(1.44269504088896341f);
+  // the value scales' log2 and reciprocals (a scale of 0 taken as 1e-30: its key's values add
+  // nothing, its weight still counts in the sum)
+  for (int64_t j = 0; j < len; j += 16) {
+    const __m512 v = _mm512_max_ps(_mm512_maskz_loadu_ps(tail_mask16(len - j), sc.vsc + j), _mm512_set1_ps(1e-30f));
+    _mm512_storeu_ps(sc.lv + j, log2_512(v));
+    _mm512_storeu_ps(sc.rv + j, _mm512_div_ps(_mm512_set1_ps(1.f), v));
+  }
+  alignas(64) float bm[16], bp[16], S[16], corr[16];
+  for (int h = 0; h < G; ++h) bm[h] = add_max(sc.s + h * kBlock, mrow, len);
+  // the heads as lanes
+  const __mmask16 hm = static_cast<__mmask16>((1u << G) - 1);
+  const __m512 mo = _mm512_mask_loadu_ps(lowest, hm, sc.m + t0);
+  const __m512 bv = _mm512_mask_load_ps(lowest, hm, bm);
+  const __m512 mn = _mm512_max_ps(mo, bv);
+  const __mmask16 before = _mm512_cmp_ps_mask(mo, lowest, _CMP_GT_OQ);  // keys seen before
+  const __mmask16 here = _mm512_cmp_ps_mask(bv, lowest, _CMP_GT_OQ);    // keys visible here
+  const __m512 cv = _mm512_maskz_mov_ps(before, exp2_512(_mm512_mul_ps(_mm512_sub_ps(mo, mn), log2e)));
+  _mm512_store_ps(corr, cv);
+  _mm512_mask_storeu_ps(sc.m + t0, hm, mn);
+  for (int h = 0; h < G; ++h)
+    if ((before >> h) & 1 && corr[h] != 1.f) scale_row(sc.acc + (t0 + h) * D, D, corr[h]);
+
+  for (int h = 0; h < G; ++h) {
+    bp[h] = -INFINITY;
+    if (!((here >> h) & 1)) continue;
+    float* srow = sc.s + h * kBlock;
+    const __m512 b = _mm512_set1_ps(bm[h]);
+    __m512 Mp = lowest;
+    for (int64_t j = 0; j < len; j += 16) {
+      const __m512 y = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_loadu_ps(srow + j), b), log2e, _mm512_loadu_ps(sc.lv + j));
+      Mp = _mm512_mask_max_ps(Mp, tail_mask16(len - j), Mp, y);
+      _mm512_storeu_ps(srow + j, y);
+    }
+    bp[h] = _mm512_reduce_max_ps(Mp);
+  }
+  const __m512 wv = _mm512_maskz_mov_ps(
+      here, _mm512_mul_ps(exp2_512(_mm512_fmadd_ps(_mm512_sub_ps(bv, mn), log2e, _mm512_load_ps(bp))),
+                          _mm512_set1_ps(1.f / 65535.f)));
+  _mm512_mask_storeu_ps(sc.wsc, hm, wv);
+
+  const __m512i half = _mm512_set1_epi32(32768), top = _mm512_set1_epi32(65535);
+  for (int h = 0; h < G; ++h) {
+    S[h] = 0.f;
+    sc.wzc[h] = 0;
+    if (!((here >> h) & 1)) continue;  // wsc = 0: the block adds nothing for this head
+    const float* srow = sc.s + h * kBlock;
+    int32_t* wq = sc.wq + h * (kBlock / 2);
+    const __m512 off = _mm512_set1_ps(bp[h] - 15.99997798f);  // log2(65535)
+    __m512 vsum = _mm512_setzero_ps();
+    __m512i zc = _mm512_setzero_si512();
+    for (int64_t j = 0; j < len; j += 16) {
+      const __mmask16 m = tail_mask16(len - j);
+      const __m512 w = _mm512_maskz_mov_ps(m, exp2_512(_mm512_sub_ps(_mm512_loadu_ps(srow + j), off)));
+      vsum = _mm512_fmadd_ps(w, _mm512_loadu_ps(sc.rv + j), vsum);
+      const __m512i u = _mm512_min_epi32(_mm512_cvtps_epi32(w), top);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wq + j / 2), _mm512_cvtepi32_epi16(_mm512_sub_epi32(u, half)));
+      zc = _mm512_add_epi32(zc, _mm512_mullo_epi32(u, _mm512_maskz_loadu_epi32(m, sc.vzi + j)));
+    }
+    S[h] = _mm512_reduce_add_ps(vsum);
+    sc.wzc[h] = _mm512_reduce_add_epi32(zc);
+  }
+  const __m512 l = _mm512_maskz_loadu_ps(hm, sc.l + t0);
+  _mm512_mask_storeu_ps(sc.l + t0, hm, _mm512_fmadd_ps(l, cv, _mm512_mul_ps(wv, _mm512_load_ps(S))));
 }
 #endif
 
@@ -307,6 +390,10 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       __m512i dots[G];
       for (int h = 0; h < G; ++h) dots[h] = _mm512_setzero_si512();
       __m512i U = _mm512_setzero_si512();
+      // The queries' quads at constant offsets from one register: left to itself, GCC hoists
+      // all G * D / 4 of their addresses out of this loop and reloads each from the stack.
+      const int32_t* qb = sc.q8 + t0 * (D / 4);
+      asm("" : "+r"(qb));
       for (int half = 0; half < D / 64; ++half) {
         const int8_t* kr = kd + (jb + c) * K.ss + half * 64;
         __m512i r[16];
@@ -328,7 +415,7 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
         for (int q = 0; q < 16; ++q) {
           U = dpbusd(U, r[q], ones);
           for (int h = 0; h < G; ++h)
-            dots[h] = dpbusd(dots[h], r[q], sc.q8 + (t0 + h) * (D / 4) + half * 16 + q);
+            dots[h] = dpbusd(dots[h], r[q], qb + h * (D / 4) + half * 16 + q);
         }
       }
       const __m512i A = _mm512_add_epi32(_mm512_set1_epi32(128), _mm512_loadu_si512(sc.kzi + c));
@@ -378,6 +465,9 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     }
   }
 
+#if defined(ETS_DECODE_VNNI)
+  vnni_softmax<G>(sc, t0, D, len, mrow ? mrow + jb : nullptr);
+#else
   // Online softmax; the weights times the value scales, and their zero-point correction.
   for (int h = 0; h < G; ++h) {
     const int64_t t = t0 + h;
@@ -387,50 +477,10 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     if (!(mn > -INFINITY)) {  // everything so far masked out
       std::fill(srow, srow + len, 0.f);
       sc.zc[h] = 0.f;
-#if defined(ETS_DECODE_VNNI)
-      std::fill(sc.wq + h * (kBlock / 2), sc.wq + (h + 1) * (kBlock / 2), 0);
-      sc.wzc[h] = 0;
-      sc.wsc[h] = 0.f;
-#endif
       continue;
     }
     const float corr = sc.m[t] > -INFINITY ? std::exp(sc.m[t] - mn) : 0.f;
     if (corr != 1.f) scale_row(sc.acc + t * D, D, corr);
-#if defined(ETS_DECODE_VNNI)
-    // e = exp(s - mn) summed, the weights w = e * v_scale stored and their largest found; then
-    // w as 16-bit fixed point over the block's whole range: u = round(w / wsc) in [0, 65535]
-    // with wsc = max(w) / 65535 (an error of at most 2^-17 of the block's largest weight per
-    // key), stored less 32768 as signed 16 bits, two keys' in a dword (vnni_weighted_sums adds
-    // the 32768 back through the value rows' sums); wzc = sum(u * v_zp), exact.
-    {
-      const __m512 vmn = _mm512_set1_ps(mn);
-      __m512 vsum = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
-      for (int64_t j = 0; j < len; j += 16) {
-        const __mmask16 m = tail_mask16(len - j);
-        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(srow + j), vmn)));
-        vsum = _mm512_add_ps(vsum, e);
-        const __m512 w = _mm512_mul_ps(e, _mm512_maskz_loadu_ps(m, sc.vsc + j));
-        vmax = _mm512_max_ps(vmax, w);
-        _mm512_storeu_ps(srow + j, w);
-      }
-      const float wmax = _mm512_reduce_max_ps(vmax);
-      const __m512 f = _mm512_set1_ps(wmax > 0.f ? 65535.f / wmax : 0.f);
-      const __m512i half = _mm512_set1_epi32(32768);
-      sc.wsc[h] = wmax / 65535.f;
-      __m512i zc = _mm512_setzero_si512();
-      for (int64_t j = 0; j < len; j += 16) {
-        const __mmask16 m = tail_mask16(len - j);
-        const __m512i u = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(srow + j), f)),
-                                           _mm512_set1_epi32(65535));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(sc.wq + h * (kBlock / 2) + j / 2),
-                           _mm512_cvtepi32_epi16(_mm512_sub_epi32(u, half)));
-        zc = _mm512_add_epi32(zc, _mm512_mullo_epi32(u, _mm512_maskz_loadu_epi32(m, sc.vzi + j)));
-      }
-      sc.wzc[h] = _mm512_reduce_add_epi32(zc);
-      sc.l[t] = sc.l[t] * corr + _mm512_reduce_add_ps(vsum);
-      sc.m[t] = mn;
-    }
-#else
     // One pass: e = exp(s - mn) summed; the weight e * v_scale stored; e * v_scale * v_zp summed.
     const T vmn = Vec::set1(mn);
     T vsum = Vec::set1(0.f), vzc = Vec::set1(0.f);
@@ -452,8 +502,8 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     sc.l[t] = sc.l[t] * corr + sum;
     sc.m[t] = mn;
     sc.zc[h] = zc;
-#endif
   }
+#endif
 #if defined(ETS_DECODE_VNNI)
   vnni_weighted_sums<G, D>(sc, sc.acc + t0 * D, vd + jb * V.ss, V.ss, len, n_ahead,
                            std::min(kBlock, jend - jb - kFar * kBlock));

@@ -44,6 +44,36 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
 }
+
+// 2^x for x <= 16 (or -inf: 2^-126), to about 2.3e-7 relative: the softmax weights of the
+// decode kernel, which keep 16 bits of them. x = n + f, |f| <= 1/2, 2^f by a degree-5
+// polynomial fitted for relative error, 2^n by vscalefps.
+inline __m512 exp2_512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));  // 2^-126: the smallest normal float
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.327647129073739e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541892647743e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022120237350464f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469440460205f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// log2(x) for normal x > 0, to about 1e-7: x = m 2^e with m in [0.75, 1.5), log2(m) =
+// 2 atanh(z) / ln 2 with z = (m - 1) / (m + 1), |z| <= 0.2, by its series to z^7.
+inline __m512 log2_512(__m512 x) {
+  const __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_src);
+  const __m512 e = _mm512_getexp_ps(_mm512_mul_ps(x, _mm512_set1_ps(4.f / 3.f)));  // m's exponent
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 z = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one));
+  const __m512 z2 = _mm512_mul_ps(z, z);
+  __m512 p = _mm512_fmadd_ps(z2, _mm512_set1_ps(1.f / 7.f), _mm512_set1_ps(1.f / 5.f));
+  p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(1.f / 3.f));
+  p = _mm512_fmadd_ps(p, z2, one);
+  return _mm512_fmadd_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(2.f * 1.44269504088896341f), e);
+}
 #endif
 
 #ifdef ETS_AVX2

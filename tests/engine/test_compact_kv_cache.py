@@ -41,6 +41,18 @@ block, ~2^-14 of the outputs' range; they differ in the order of fp32 roundings)
   reference margins 0.001-0.28; the same library with the tile's sums in fp32: 0.017, 0.038,
   63 of 64; the library before both changes, whose sums differ from that one only in fp32
   rounding order: 0.013, 0.044, 62 of 64.
+  Then the decode kernel's softmax in one pass of base-2 exponentials (the value scales' log2
+  folded into the exponent, 2026-12-02, the same 16-bit weights to ~1e-6): 0.021, 0.115 (mean
+  0.0080), 61 of 64, identical for 8 tokens; its worst position (step 62, " outcome", the same
+  top-1 at margin 1.76) sits in a repetition the int8 model's text falls into.
+How much of that is the kernels and how much is which text the int8 model writes: multiplying
+the decode kernel's weights by 1 +- 1e-6 on alternate keys (far below the int8 caches' own
+error) moved the worst generated position from 0.049 (mean 0.0087) to 0.039, 0.064 and 0.050
+(means 0.0052, 0.0062, 0.0059) before the one-pass softmax, and from 0.115 (mean 0.0080) to
+0.040 and 0.042 (means 0.0058, 0.0066) after it; +-10% on the weights: 0.063 (mean 0.0076).
+Halving the values' zero-point correction in decode: 1.38 (mean 0.19). So the generated
+positions are held to their mean and a wider worst case; the prefill chunks, whose text is
+fixed, to MAX_KL.
 Every confident position agrees with either. Which positions are near-ties depends on where the
 texts part, so the bounds leave room for a run of them. The same comparison of the fp32-cache .pte against its
 eager model (XNNPACK's kernels alone) measures KL max 0.018 (mean 0.0042), 63 of 64, parting at
@@ -74,7 +86,12 @@ from app.text.tokenizer import Tokenizer
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_TOKENS = 4096
 NEW_TOKENS = 64
-MAX_KL = 0.08  # measured 0.044 (AMX kernel) and 0.050 (generic kernel); an fp32-cache .pte: 0.018
+MAX_KL = 0.08  # after each prefill chunk (the fixed prompt): measured 0.012-0.021
+# Over the generated positions: the mean, measured 0.0052-0.0087; and the worst one, a statistic of
+# the text the int8 model writes, which moves with its kernels' last bits (see the docstring):
+# measured 0.018-0.064 over the kernels before 2026-12-02 and 0.040-0.115 since.
+MAX_MEAN_KL = 0.02
+MAX_STEP_KL = 0.15
 MIN_AGREEMENT = 58 / 64  # measured 62/64 (AMX), 62/64 (generic), 60/64 (VNNI kernels); fp32 cache: 63/64
 CONFIDENT_MARGIN = 1.0  # every position where the reference's top-2 margin is this or more agrees
 
@@ -193,7 +210,9 @@ def test_the_int8_cache_against_an_fp32_cache_over_a_long_prompt(compact_dir, pr
     print("int8 cache:", repr(tokenizer.decode(tokens)))
 
     assert bpp * 3 <= fp32_bpp
-    assert max(chunk_kl + step_kl) <= MAX_KL
+    assert max(chunk_kl) <= MAX_KL
+    assert np.mean(step_kl) <= MAX_MEAN_KL
+    assert max(step_kl) <= MAX_STEP_KL
     for k in (k for k, ok in enumerate(agree) if not ok):
         print(f"  position {k}: ours {tokenizer.decode([tokens[k]])!r}, reference {tokenizer.decode([theirs[k]])!r}, "
               f"reference top-2 margin {top2[k, 1] - top2[k, 0]:.3f}")
