@@ -136,6 +136,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "ets_get_logits": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
         "ets_forward_calls": (ctypes.c_int64, [p_model]),
         "ets_forward_tokens": (ctypes.c_int64, [p_model]),
+        "ets_planned_memory": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]),
         "ets_top_logprobs": (
             ctypes.c_int,
             [p_model, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)],
@@ -337,6 +338,13 @@ class NativeModel:
         else:
             ptr = snapshot
         self._check(self._lib.ets_kv_restore(self._handle, n_positions, ptr, size))
+
+    def planned_memory(self) -> tuple[int, int]:
+        """(bytes, bytes resident in transparent huge pages) of the forward method's planned
+        buffers, activations and KV caches; (-1, -1) when the runtime allocated them itself."""
+        total, huge = ctypes.c_int64(), ctypes.c_int64()
+        self._check(self._lib.ets_planned_memory(self._handle, ctypes.byref(total), ctypes.byref(huge)))
+        return total.value, huge.value
 
     @property
     def forward_calls(self) -> int:

@@ -109,6 +109,12 @@ ETS_API int ets_get_logits(ets_model* m, float* out, int64_t n);
 ETS_API int64_t ets_forward_calls(const ets_model* m);
 ETS_API int64_t ets_forward_tokens(const ets_model* m);
 
+/* The forward method's memory-planned buffers (activations and KV caches):
+ * their bytes, and how many of those are resident in transparent huge pages
+ * now (0 where the kernel has none; pages are faulted in as they are used).
+ * Both -1 when the runtime's own buffers are used (our mapping failed). */
+ETS_API int ets_planned_memory(const ets_model* m, int64_t* bytes, int64_t* huge_bytes);
+
 /* Samples one token from the last logits. `rng_state` is the caller's
  * per-request generator state (any value works as a seed). Writes the id to
  * *token_out and, if logprob_out is not NULL, its log-probability under the

@@ -7,11 +7,45 @@
 
 #include <executorch/extension/module/module.h>
 
+#include <executorch/runtime/core/hierarchical_allocator.h>
+
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+namespace etserve {
+
+// A method's memory-planned buffers (activations and the KV caches: 200 MB at a
+// 32k context) in anonymous mappings of our own, 2 MB aligned and advised as
+// transparent huge pages before anything touches them (runtime.cpp).
+class PlannedMemory {
+ public:
+  PlannedMemory() = default;
+  PlannedMemory(const PlannedMemory&) = delete;
+  PlannedMemory& operator=(const PlannedMemory&) = delete;
+  ~PlannedMemory();
+  // Maps buffers of these sizes; false (and nothing kept) if a mapping fails.
+  bool map(const std::vector<size_t>& sizes);
+  executorch::runtime::HierarchicalAllocator* allocator() const { return allocator_.get(); }
+  size_t bytes() const;       // the buffers' sizes together
+  size_t huge_bytes() const;  // of their mappings, resident in huge pages now (/proc/self/smaps)
+
+ private:
+  struct Mapping {
+    void* base;
+    size_t length;
+  };
+  std::vector<Mapping> maps_;
+  std::vector<executorch::runtime::Span<uint8_t>> spans_;
+  std::unique_ptr<executorch::runtime::HierarchicalAllocator> allocator_;
+};
+
+}  // namespace etserve
+
 struct ets_model {
+  etserve::PlannedMemory planned;  // before `module`, which uses it: destroyed after it
   std::unique_ptr<executorch::extension::module::Module> module;
   ets_model_info info{};
   std::vector<float> logits;  // last position of the last forward call
