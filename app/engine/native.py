@@ -100,6 +100,13 @@ class KvInfo:
     bytes_per_position: int  # one position in all caches together
 
 
+@dataclass(frozen=True)
+class MemoryInfo:
+    planned: int  # bytes of the forward method's planned buffers (activations, KV caches); -1: the runtime's own
+    planned_huge: int  # of those, resident in transparent huge pages now (-1 likewise)
+    loaded_huge: int  # bytes the load allocated (a delegate's packed weights) moved into huge pages
+
+
 def library_path() -> Path:
     """The libetserve.so this process loads: ETSERVE_NATIVE_LIB, else the first of _LIBRARY_PLACES."""
     explicit = os.environ.get("ETSERVE_NATIVE_LIB")
@@ -136,7 +143,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "ets_get_logits": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
         "ets_forward_calls": (ctypes.c_int64, [p_model]),
         "ets_forward_tokens": (ctypes.c_int64, [p_model]),
-        "ets_planned_memory": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]),
+        "ets_model_memory": (ctypes.c_int, [p_model] + [ctypes.POINTER(ctypes.c_int64)] * 3),
         "ets_top_logprobs": (
             ctypes.c_int,
             [p_model, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)],
@@ -339,12 +346,12 @@ class NativeModel:
             ptr = snapshot
         self._check(self._lib.ets_kv_restore(self._handle, n_positions, ptr, size))
 
-    def planned_memory(self) -> tuple[int, int]:
-        """(bytes, bytes resident in transparent huge pages) of the forward method's planned
-        buffers, activations and KV caches; (-1, -1) when the runtime allocated them itself."""
-        total, huge = ctypes.c_int64(), ctypes.c_int64()
-        self._check(self._lib.ets_planned_memory(self._handle, ctypes.byref(total), ctypes.byref(huge)))
-        return total.value, huge.value
+    def memory(self) -> MemoryInfo:
+        """Where the model's memory is: its planned buffers and how much of them, and of what
+        the load allocated, is in transparent huge pages (etserve.h ets_model_memory)."""
+        out = [ctypes.c_int64() for _ in range(3)]
+        self._check(self._lib.ets_model_memory(self._handle, *map(ctypes.byref, out)))
+        return MemoryInfo(*(x.value for x in out))
 
     @property
     def forward_calls(self) -> int:

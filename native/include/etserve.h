@@ -109,11 +109,13 @@ ETS_API int ets_get_logits(ets_model* m, float* out, int64_t n);
 ETS_API int64_t ets_forward_calls(const ets_model* m);
 ETS_API int64_t ets_forward_tokens(const ets_model* m);
 
-/* The forward method's memory-planned buffers (activations and KV caches):
- * their bytes, and how many of those are resident in transparent huge pages
- * now (0 where the kernel has none; pages are faulted in as they are used).
- * Both -1 when the runtime's own buffers are used (our mapping failed). */
-ETS_API int ets_planned_memory(const ets_model* m, int64_t* bytes, int64_t* huge_bytes);
+/* Where the model's memory is. planned: the forward method's memory-planned
+ * buffers (activations and KV caches), their bytes and how many of those are
+ * resident in transparent huge pages now (pages are faulted in as they are
+ * used; both -1 when the runtime's own buffers are used because our mapping
+ * failed); loaded_huge: what the load allocated on the heap (a delegate's
+ * packed weights) that was moved into huge pages. 0 where the kernel has none. */
+ETS_API int ets_model_memory(const ets_model* m, int64_t* planned, int64_t* planned_huge, int64_t* loaded_huge);
 
 /* Samples one token from the last logits. `rng_state` is the caller's
  * per-request generator state (any value works as a seed). Writes the id to

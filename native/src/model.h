@@ -31,6 +31,7 @@ class PlannedMemory {
   executorch::runtime::HierarchicalAllocator* allocator() const { return allocator_.get(); }
   size_t bytes() const;       // the buffers' sizes together
   size_t huge_bytes() const;  // of their mappings, resident in huge pages now (/proc/self/smaps)
+  bool overlaps(uintptr_t lo, uintptr_t hi) const;  // whether [lo, hi) meets one of them
 
  private:
   struct Mapping {
@@ -55,6 +56,7 @@ struct ets_model {
   std::vector<float> scratch;     // sampler work space, vocab_size floats
   std::vector<int32_t> order;     // sampler candidate ids
   std::vector<float> weights;     // sampler weights by token id, vocab_size floats
+  size_t loaded_huge_bytes = 0;  // of what the load allocated, moved into huge pages (runtime.cpp)
   int64_t forward_calls = 0;
   int64_t forward_tokens = 0;
   std::string error;

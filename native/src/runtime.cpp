@@ -150,6 +150,10 @@ bool PlannedMemory::map(const std::vector<size_t>& sizes) {
     maps.push_back(Mapping{base, length});
     auto* start = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1));
     madvise(start, rounded, MADV_HUGEPAGE);  // a kernel without THP says EINVAL: 4 KB pages, as before
+    // Out of core dumps (the caches hold the conversations); and so never merged by the kernel
+    // with a neighbouring heap mapping that collapse_loaded advises too, which would make
+    // huge_bytes() count the neighbour's pages as ours.
+    madvise(base, length, MADV_DONTDUMP);
     spans.emplace_back(start, size);
   }
   if (!ok) {
@@ -165,6 +169,14 @@ bool PlannedMemory::map(const std::vector<size_t>& sizes) {
 
 PlannedMemory::~PlannedMemory() {
   for (const Mapping& m : maps_) munmap(m.base, m.length);
+}
+
+bool PlannedMemory::overlaps(uintptr_t lo, uintptr_t hi) const {
+  for (const Mapping& m : maps_) {
+    const auto b = reinterpret_cast<uintptr_t>(m.base);
+    if (lo < b + m.length && b < hi) return true;
+  }
+  return false;
 }
 
 size_t PlannedMemory::bytes() const {
@@ -196,6 +208,46 @@ size_t PlannedMemory::huge_bytes() const {
   return total;
 }
 
+// Anonymous read-write mappings of this process, [start, end) each, from /proc/self/maps.
+std::vector<std::pair<uintptr_t, uintptr_t>> anonymous_mappings() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  while (std::getline(in, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char perms[8] = {0};
+    unsigned long long offset = 0;
+    char dev[16] = {0};
+    unsigned long long inode = 1;
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %llx %15s %llu", &lo, &hi, perms, &offset, dev, &inode) == 6 &&
+        inode == 0 && perms[0] == 'r' && perms[1] == 'w' && line.find('[') == std::string::npos)
+      out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
+// What loading a model allocated on the heap (the delegate's packed weights: XNNPACK's copy of
+// the 8-bit output projection is 136 MB of the 358 MB a Qwen decode step reads) into huge pages,
+// as PlannedMemory's buffers are: the anonymous mappings of 4 MB or more that were not there
+// before the load, but for PlannedMemory's own (advised already, and not all touched: collapsing
+// them would make them resident). MADV_COLLAPSE (Linux 6.1) moves their pages into huge pages
+// now; an older kernel refuses it and khugepaged may do it later. Returns the bytes collapsed.
+size_t collapse_loaded(const std::vector<std::pair<uintptr_t, uintptr_t>>& before, const PlannedMemory& planned) {
+  size_t collapsed = 0;
+  for (const auto& [lo, hi] : anonymous_mappings()) {
+    if (hi - lo < (size_t(4) << 20) || planned.overlaps(lo, hi)) continue;
+    bool old = false;
+    for (const auto& [blo, bhi] : before) old = old || (blo == lo && bhi == hi);
+    if (old) continue;
+    const uintptr_t s = (lo + kHugePage - 1) & ~(kHugePage - 1), e = hi & ~(kHugePage - 1);
+    if (e <= s) continue;
+    madvise(reinterpret_cast<void*>(s), e - s, MADV_HUGEPAGE);
+    constexpr int kMadvCollapse = 25;  // <sys/mman.h> names it from glibc 2.37 on
+    if (madvise(reinterpret_cast<void*>(s), e - s, kMadvCollapse) == 0) collapsed += e - s;
+  }
+  return collapsed;
+}
+
 }  // namespace etserve
 
 ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
@@ -210,6 +262,7 @@ ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
     return nullptr;
   }
   m->module = std::make_unique<Module>(path, Module::LoadMode::Mmap);
+  const auto mappings_before = etserve::anonymous_mappings();
   etserve::log_capture_begin();
   Error e = m->module->load();
   if (e == Error::Ok) {
@@ -252,6 +305,7 @@ ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
     delete m;
     return nullptr;
   }
+  m->loaded_huge_bytes = etserve::collapse_loaded(mappings_before, m->planned);
   std::string why;
   if (!m->read_metadata(&why)) {
     copy_message(err, err_len, std::string("cannot use ") + path + ": " + why);
@@ -291,15 +345,17 @@ int ets_get_logits(ets_model* m, float* out, int64_t n) {
 int64_t ets_forward_calls(const ets_model* m) { return m == nullptr ? 0 : m->forward_calls; }
 int64_t ets_forward_tokens(const ets_model* m) { return m == nullptr ? 0 : m->forward_tokens; }
 
-int ets_planned_memory(const ets_model* m, int64_t* bytes, int64_t* huge_bytes) {
-  if (m == nullptr || bytes == nullptr || huge_bytes == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+int ets_model_memory(const ets_model* m, int64_t* planned, int64_t* planned_huge, int64_t* loaded_huge) {
+  if (m == nullptr || planned == nullptr || planned_huge == nullptr || loaded_huge == nullptr)
+    return ETS_ERR_INVALID_ARGUMENT;
+  *loaded_huge = static_cast<int64_t>(m->loaded_huge_bytes);
   if (m->planned.allocator() == nullptr) {
-    *bytes = *huge_bytes = -1;
+    *planned = *planned_huge = -1;
     return ETS_OK;
   }
-  *bytes = static_cast<int64_t>(m->planned.bytes());
+  *planned = static_cast<int64_t>(m->planned.bytes());
   // (a buffer's mapping is rounded up to whole huge pages: count no more than the buffers)
-  *huge_bytes = static_cast<int64_t>(std::min(m->planned.huge_bytes(), m->planned.bytes()));
+  *planned_huge = static_cast<int64_t>(std::min(m->planned.huge_bytes(), m->planned.bytes()));
   return ETS_OK;
 }
 
