@@ -215,6 +215,22 @@ inline void vnni_unorder(float* acc) {
       }
   }
 }
+// Lane h of the result (h < 8): op over the lanes of v[h]. Eight reductions in 24 shuffles and
+// ops and five steps of latency, where eight _mm512_reduce_* would take some 64 in eight chains.
+template <typename Op>
+inline __m512 reduce8(const __m512 v[8], Op op) {
+  __m512 r[4];
+  for (int i = 0; i < 4; ++i)  // 128-bit blocks 0-1: v[2i]'s halves combined; 2-3: v[2i + 1]'s
+    r[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  // block b of x: v[b]'s quarter, of y: v[4 + b]'s
+  const __m512 x = op(_mm512_shuffle_f32x4(r[0], r[1], 0x88), _mm512_shuffle_f32x4(r[0], r[1], 0xDD));
+  const __m512 y = op(_mm512_shuffle_f32x4(r[2], r[3], 0x88), _mm512_shuffle_f32x4(r[2], r[3], 0xDD));
+  // per block b: x's pairs, y's pairs, then lanes 4b and 4b + 2 the totals of v[b] and v[4 + b]
+  const __m512 t = op(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
+  const __m512 u = op(t, _mm512_permute_ps(t, 0xB1));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0), u);
+}
+
 // The block's online softmax for the G query heads of one kv head (state at t0), ending in
 // vnni_weighted_sums' weights:
 //  - per head bm = max(s) over the block; mn = max(m, bm) the new running max; what the head
@@ -227,10 +243,19 @@ inline void vnni_unorder(float* acc) {
 //    them, with wzc = sum(u v_zp), exact;
 //  - the sum of the p from the same exponentials: l = l corr + wsc sum(2^(...) / v_scale).
 // Scores stay differences (s - bm, bm - mn) before they are scaled, exact where they are close.
-// Every step runs for all heads before the next, so that the heads' reductions overlap.
+// Each pass runs over the block's 16-key vectors with the heads innermost (G independent chains
+// of work in flight), the heads' reductions batched (reduce8) and their results as lanes.
 template <int G>
 inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const float* mrow) {
   const __m512 lowest = _mm512_set1_ps(-INFINITY), log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 zero = _mm512_setzero_ps();
+  const int64_t nv = (len + 15) / 16;
+  const __mmask16 hm = static_cast<__mmask16>((1u << G) - 1);
+  auto vmax = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
+  auto vadd = [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); };
+  auto iadd = [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  };
   // the value scales' log2 and reciprocals (a scale of 0 taken as 1e-30: its key's values add
   // nothing, its weight still counts in the sum)
   for (int64_t j = 0; j < len; j += 16) {
@@ -238,12 +263,25 @@ inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const 
     _mm512_storeu_ps(sc.lv + j, log2_512(v));
     _mm512_storeu_ps(sc.rv + j, _mm512_div_ps(_mm512_set1_ps(1.f), v));
   }
-  alignas(64) float bm[16], bp[16], S[16], corr[16];
-  for (int h = 0; h < G; ++h) bm[h] = add_max(sc.s + h * kBlock, mrow, len);
+  __m512 r[8];
+  for (int h = 0; h < 8; ++h) r[h] = lowest;
+  for (int64_t v = 0; v < nv; ++v) {  // bm, the mask added to the scores first
+    const __mmask16 m = tail_mask16(len - 16 * v);
+    const __m512 mk = mrow ? _mm512_maskz_loadu_ps(m, mrow + 16 * v) : zero;
+    for (int h = 0; h < G; ++h) {
+      float* p = sc.s + h * kBlock + 16 * v;
+      __m512 x = _mm512_mask_loadu_ps(lowest, m, p);
+      if (mrow) {
+        x = _mm512_add_ps(x, mk);
+        _mm512_mask_storeu_ps(p, m, x);
+      }
+      r[h] = _mm512_max_ps(r[h], x);
+    }
+  }
+  alignas(64) float bm[16], bp[16], corr[16];
   // the heads as lanes
-  const __mmask16 hm = static_cast<__mmask16>((1u << G) - 1);
   const __m512 mo = _mm512_mask_loadu_ps(lowest, hm, sc.m + t0);
-  const __m512 bv = _mm512_mask_load_ps(lowest, hm, bm);
+  const __m512 bv = _mm512_mask_mov_ps(lowest, hm, reduce8(r, vmax));
   const __m512 mn = _mm512_max_ps(mo, bv);
   const __mmask16 before = _mm512_cmp_ps_mask(mo, lowest, _CMP_GT_OQ);  // keys seen before
   const __mmask16 here = _mm512_cmp_ps_mask(bv, lowest, _CMP_GT_OQ);    // keys visible here
@@ -252,48 +290,52 @@ inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const 
   _mm512_mask_storeu_ps(sc.m + t0, hm, mn);
   for (int h = 0; h < G; ++h)
     if ((before >> h) & 1 && corr[h] != 1.f) scale_row(sc.acc + (t0 + h) * D, D, corr[h]);
+  // A head with nothing visible (every score -inf: masked) works on 0 in place of bm and bp:
+  // its rows stay -inf, its weights 0 and wsc 0, nothing NaN.
+  _mm512_store_ps(bm, _mm512_maskz_mov_ps(here, bv));
 
+  __m512 b[G];
   for (int h = 0; h < G; ++h) {
-    bp[h] = -INFINITY;
-    if (!((here >> h) & 1)) continue;
-    float* srow = sc.s + h * kBlock;
-    const __m512 b = _mm512_set1_ps(bm[h]);
-    __m512 Mp = lowest;
-    for (int64_t j = 0; j < len; j += 16) {
-      const __m512 y = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_loadu_ps(srow + j), b), log2e, _mm512_loadu_ps(sc.lv + j));
-      Mp = _mm512_mask_max_ps(Mp, tail_mask16(len - j), Mp, y);
-      _mm512_storeu_ps(srow + j, y);
-    }
-    bp[h] = _mm512_reduce_max_ps(Mp);
+    b[h] = _mm512_set1_ps(bm[h]);
+    r[h] = lowest;
   }
+  for (int64_t v = 0; v < nv; ++v) {  // y, and bp
+    const __mmask16 m = tail_mask16(len - 16 * v);
+    const __m512 lv = _mm512_loadu_ps(sc.lv + 16 * v);
+    for (int h = 0; h < G; ++h) {
+      float* p = sc.s + h * kBlock + 16 * v;
+      const __m512 y = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_loadu_ps(p), b[h]), log2e, lv);
+      r[h] = _mm512_mask_max_ps(r[h], m, r[h], y);
+      _mm512_storeu_ps(p, y);
+    }
+  }
+  const __m512 bpv = _mm512_maskz_mov_ps(here, reduce8(r, vmax));
+  _mm512_store_ps(bp, bpv);
   const __m512 wv = _mm512_maskz_mov_ps(
-      here, _mm512_mul_ps(exp2_512(_mm512_fmadd_ps(_mm512_sub_ps(bv, mn), log2e, _mm512_load_ps(bp))),
-                          _mm512_set1_ps(1.f / 65535.f)));
+      here, _mm512_mul_ps(exp2_512(_mm512_fmadd_ps(_mm512_sub_ps(bv, mn), log2e, bpv)), _mm512_set1_ps(1.f / 65535.f)));
   _mm512_mask_storeu_ps(sc.wsc, hm, wv);
 
   const __m512i half = _mm512_set1_epi32(32768), top = _mm512_set1_epi32(65535);
-  for (int h = 0; h < G; ++h) {
-    S[h] = 0.f;
-    sc.wzc[h] = 0;
-    if (!((here >> h) & 1)) continue;  // wsc = 0: the block adds nothing for this head
-    const float* srow = sc.s + h * kBlock;
-    int32_t* wq = sc.wq + h * (kBlock / 2);
-    const __m512 off = _mm512_set1_ps(bp[h] - 15.99997798f);  // log2(65535)
-    __m512 vsum = _mm512_setzero_ps();
-    __m512i zc = _mm512_setzero_si512();
-    for (int64_t j = 0; j < len; j += 16) {
-      const __mmask16 m = tail_mask16(len - j);
-      const __m512 w = _mm512_maskz_mov_ps(m, exp2_512(_mm512_sub_ps(_mm512_loadu_ps(srow + j), off)));
-      vsum = _mm512_fmadd_ps(w, _mm512_loadu_ps(sc.rv + j), vsum);
+  __m512 zc[8];
+  for (int h = 0; h < 8; ++h) r[h] = zc[h] = zero;
+  for (int h = 0; h < G; ++h) b[h] = _mm512_set1_ps(bp[h] - 15.99997798f);  // log2(65535)
+  for (int64_t v = 0; v < nv; ++v) {  // the weights, their sum and zero-point sum
+    const __mmask16 m = tail_mask16(len - 16 * v);
+    const __m512 rv = _mm512_loadu_ps(sc.rv + 16 * v);
+    const __m512i vz = _mm512_maskz_loadu_epi32(m, sc.vzi + 16 * v);
+    for (int h = 0; h < G; ++h) {
+      const __m512 w = _mm512_maskz_mov_ps(m, exp2_512(_mm512_sub_ps(_mm512_loadu_ps(sc.s + h * kBlock + 16 * v), b[h])));
+      r[h] = _mm512_fmadd_ps(w, rv, r[h]);
       const __m512i u = _mm512_min_epi32(_mm512_cvtps_epi32(w), top);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(wq + j / 2), _mm512_cvtepi32_epi16(_mm512_sub_epi32(u, half)));
-      zc = _mm512_add_epi32(zc, _mm512_mullo_epi32(u, _mm512_maskz_loadu_epi32(m, sc.vzi + j)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc.wq + h * (kBlock / 2) + 8 * v),
+                         _mm512_cvtepi32_epi16(_mm512_sub_epi32(u, half)));
+      zc[h] = iadd(zc[h], _mm512_castsi512_ps(_mm512_mullo_epi32(u, vz)));
     }
-    S[h] = _mm512_reduce_add_ps(vsum);
-    sc.wzc[h] = _mm512_reduce_add_epi32(zc);
   }
+  const __m512 S = reduce8(r, vadd);
+  _mm512_mask_storeu_epi32(sc.wzc, hm, _mm512_maskz_mov_epi32(here, _mm512_castps_si512(reduce8(zc, iadd))));
   const __m512 l = _mm512_maskz_loadu_ps(hm, sc.l + t0);
-  _mm512_mask_storeu_ps(sc.l + t0, hm, _mm512_fmadd_ps(l, cv, _mm512_mul_ps(wv, _mm512_load_ps(S))));
+  _mm512_mask_storeu_ps(sc.l + t0, hm, _mm512_fmadd_ps(l, cv, _mm512_mul_ps(wv, S)));
 }
 #endif
 
