@@ -18,7 +18,9 @@ llama.cpp is asked not to reuse its slot's cache (`cache_prompt: false`).
   ttft Nk              time to first token of a cold N-thousand-token prompt, llama.cpp ÷ etserve
                        (so that above 1 is etserve faster, as in the other rows), and its average
                        prompt tok/s; 1k and 4k median of --rounds, 12k and 24k of --long-rounds
-  decode at fill 12k   etserve's decode tok/s after the 12k prompt ÷ after the ~128-token one
+  decode at fill 12k   etserve's decode tok/s after the 12k prompt ÷ after the ~128-token one, the
+                       short prompt's decode measured right after each long one (the host's speed
+                       drifts between the decode row, minutes before, and the 12k prompts)
   RSS at 32k           etserve's worker VmRSS serving a 32,768-token build ÷ llama-server's at -c 32768
   RSS at same ctx      etserve's worker VmRSS ÷ llama-server's at etserve's context length, both
                        measured at the end of the same requests
@@ -126,6 +128,7 @@ def peer_section(args, results: dict) -> list[Row]:
 
         # cold prompts: 1k (prefill row and its ttft row), 4k, 12k, 24k
         ttft: dict[int, dict[str, list[Stream]]] = {}
+        beside: dict[str, list[Stream]] = {a.name: [], b.name: []}  # short decodes after the 12k ones
         for length in fits:
             rounds = args.rounds if length < 10000 else args.long_rounds
             new = args.decode_tokens if length == FILL_LENGTH else 1
@@ -134,10 +137,15 @@ def peer_section(args, results: dict) -> list[Row]:
             def cold(side: Side, r: int, length=length, new=new) -> Stream:
                 s = side.complete(code_prompt(tokenizer, f"cold{length}r{r}", length), new)
                 log(f"  {side.name}: {prompt_tokens(s)} prompt tokens, ttft {s.ttft:.2f} s")
+                if length == FILL_LENGTH:
+                    beside[side.name].append(side.complete(prompt, args.decode_tokens))
+                    log(f"  {side.name}: decode {s.decode_tok_s:.1f} tok/s after it, "
+                        f"{beside[side.name][-1].decode_tok_s:.1f} after the short prompt right then")
                 return s
 
             ttft[length] = alternate(rounds, a, b, cold)
         results["ttft"] = {n: {k: [(prompt_tokens(s), s.ttft) for s in v] for k, v in d.items()} for n, d in ttft.items()}
+        results["decode_after_12k"] = {k: [s.decode_tok_s for s in v] for k, v in beside.items()}
 
         if 1000 in ttft:
             pre = {k: median([prompt_tokens(s) / s.ttft for s in v]) for k, v in ttft[1000].items()}
@@ -167,20 +175,21 @@ def peer_section(args, results: dict) -> list[Row]:
         what = f"decode tok/s after a {FILL_LENGTH:,}-token prompt ÷ after a {n_prompt}-token one"
         if FILL_LENGTH in ttft:
             at = {k: median([s.decode_tok_s for s in v]) for k, v in ttft[FILL_LENGTH].items()}
-            ratio = {k: at[k] / rate[k] for k in at}
+            then = {k: median([s.decode_tok_s for s in v]) for k, v in beside.items()}
+            ratio = {k: at[k] / then[k] for k in at}
             # a step reads the weights and the filled cache: once the short step runs at the memory
             # bandwidth, no kernel does better than the ratio of the two steps' bytes
             half = args.decode_tokens // 2
             n_long = prompt_tokens(ttft[FILL_LENGTH]["etserve"][0])
             short, long = (bytes_per_token(serve_dir, n + half) for n in (n_prompt, n_long))
-            rows.append(Row(DECODE_FILL, f"etserve: {what} ({args.decode_tokens} tokens; llama.cpp for reference; "
-                            "the bound: the short step's bytes ÷ the long one's, what a step reading at the memory "
-                            "bandwidth allows)",
-                            f"{at['etserve']:.1f} / {rate['etserve']:.1f} (llama.cpp {at['llama.cpp']:.1f} / "
-                            f"{rate['llama.cpp']:.1f} = {ratio['llama.cpp']:.2f}; bound {short / 1e6:.0f} MB / "
+            rows.append(Row(DECODE_FILL, f"etserve: {what} ({args.decode_tokens} tokens, the short prompt's "
+                            "right after each long one; llama.cpp for reference; the bound: the short step's bytes "
+                            "÷ the long one's, what a step reading at the memory bandwidth allows)",
+                            f"{at['etserve']:.1f} / {then['etserve']:.1f} (llama.cpp {at['llama.cpp']:.1f} / "
+                            f"{then['llama.cpp']:.1f} = {ratio['llama.cpp']:.2f}; bound {short / 1e6:.0f} MB / "
                             f"{long / 1e6:.0f} MB = {short / long:.3f}; the short step read "
-                            f"{rate['etserve'] * short / 1e9:.1f} GB/s)",
-                            ratio["etserve"], (">=", 0.8)))
+                            f"{then['etserve'] * short / 1e9:.1f} GB/s; {rate['etserve']:.1f} tok/s in the decode "
+                            "row)", ratio["etserve"], (">=", 0.8)))
         elif FILL_LENGTH not in lengths:
             rows.append(Row(DECODE_FILL, f"etserve: {what}", "not run (--lengths)", target=(">=", 0.8)))
         else:
