@@ -7,7 +7,7 @@
 // enter once per row and head, through sum(f) and through one correction per
 // block, sum over the block of p * v_scale * v_zp. With AVX-512 VNNI both
 // products are integer: exact int32 scores (simd.h's exact_scores16), and the
-// weights p * v_scale as 16-bit fixed point per block (vnni_weighted_sums).
+// weights p * v_scale as 8-bit fixed point per block (vnni_weighted_sums).
 #include "attention_decode.h"
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
@@ -97,9 +97,9 @@ struct alignas(64) Scratch {
   float lv[kBlock], rv[kBlock];  // VNNI: log2 and reciprocals of the value scales
   float zc[kMaxG];
   int32_t kzi[kBlock], vzi[kBlock];  // the block's zero points
-  // VNNI weighted sums: per head the block's weights as 16-bit fixed point (pairs of keys are
-  // one dword), their scale, and sum(weight * value zero point) in those units
-  alignas(64) int32_t wq[kMaxG * kBlock / 2];
+  // VNNI weighted sums: per head the block's weights as unsigned bytes (fixed point), their
+  // scale, and sum(weight * value zero point) in those units
+  alignas(64) uint8_t wq[kMaxG * kBlock];
   int32_t wzc[kMaxG];
   float wsc[kMaxG];
 };
@@ -138,65 +138,80 @@ inline void transpose16(__m512i r[16]) {
 // Lanes [0, min(n, 16)).
 inline __mmask16 tail_mask16(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1); }
 
-// acc += wsc * (sum over the block's value rows of u * (v8 - v_zp)), per head, with
-// u = wq + 32768 (vnni_weights' form): sum(wq * v8) + 32768 * sum(v8) - wzc, 32 dims at a time.
-// Two keys' rows are sign-extended to 16 bits and interleaved so that one vpdpwssd takes a pair
-// of keys for 16 dims; the rows' sums over the block are kept in 16 bits (at most 64 * 128).
-// The lanes come out in the order vnni_unorder undoes.
+// acc += wsc * (sum over the block's value rows of u * (v8 - v_zp)), per head, with u the
+// weights as unsigned bytes (vnni_softmax): sum(u * v8) - wzc, 32 dims at a time. Four keys'
+// rows are interleaved a byte each into every dword, so that one vpdpbusd takes the four keys
+// of 16 dims against their weights, one dword broadcast per head; exact in int32 (at most
+// 64 * 255 * 128 < 2^21). The lanes come out in the order vnni_unorder undoes.
 template <int G, int D>
 inline void vnni_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t ss, int64_t len,
                                int64_t n_ahead, int64_t n_far) {
+#if defined(__AVX512VBMI__)
+  // dword 4L + k of the first vector: dim 8L + k of rows a, b (first table), c, d (second); of
+  // the second vector dim 8L + 4 + k (the unpacking path's order)
+  alignas(64) static const struct Idx {
+    uint8_t x[2][64];
+    Idx() {
+      for (int o = 0; o < 2; ++o)
+        for (int L = 0; L < 4; ++L)
+          for (int k = 0; k < 4; ++k)
+            for (int r = 0; r < 4; ++r)
+              x[o][16 * L + 4 * k + r] = static_cast<uint8_t>((r / 2) * 64 + (r % 2) * 32 + 8 * L + 4 * o + k);
+    }
+  } idx;
+  const __m512i ix0 = _mm512_load_si512(idx.x[0]), ix1 = _mm512_load_si512(idx.x[1]);
+#endif
   for (int c = 0; c < D / 32; ++c) {
     const int8_t* vr = v + c * 32;
-    auto row = [&](int64_t j) {
-      return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + j * ss)));
-    };
+    auto row = [&](int64_t j) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + j * ss)); };
     __m512i o[G][2];
     for (int h = 0; h < G; ++h) o[h][0] = o[h][1] = _mm512_setzero_si512();
-    __m512i colsum = _mm512_setzero_si512();
-    auto pair = [&](__m512i a, __m512i b, int64_t j) {
-      colsum = _mm512_add_epi16(colsum, _mm512_add_epi16(a, b));
-      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
-      const int32_t* wb = sc.wq + j / 2;  // the heads' weights at constant offsets from it
+    // rows a, b, c, d (32 bytes each) -> x0, x1: dwords of their four bytes at one dim
+    auto quad = [&](__m256i ra, __m256i rb, __m256i rc, __m256i rd, int64_t j) {
+#if defined(__AVX512VBMI__)
+      const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(ra), rb, 1);
+      const __m512i cd = _mm512_inserti64x4(_mm512_castsi256_si512(rc), rd, 1);
+      const __m512i x0 = _mm512_permutex2var_epi8(ab, ix0, cd), x1 = _mm512_permutex2var_epi8(ab, ix1, cd);
+#else
+      const __m512i wab = _mm512_or_si512(_mm512_cvtepu8_epi16(ra), _mm512_slli_epi16(_mm512_cvtepu8_epi16(rb), 8));
+      const __m512i wcd = _mm512_or_si512(_mm512_cvtepu8_epi16(rc), _mm512_slli_epi16(_mm512_cvtepu8_epi16(rd), 8));
+      const __m512i x0 = _mm512_unpacklo_epi16(wab, wcd), x1 = _mm512_unpackhi_epi16(wab, wcd);
+#endif
+      const uint8_t* wb = sc.wq + j;  // the heads' weights at constant offsets from it
       asm("" : "+r"(wb));
-      for (int h = 0; h < G; ++h) {  // the weight broadcast from memory by each instruction
-        const int32_t* w = wb + h * (kBlock / 2);
-        o[h][0] = dpwssd(o[h][0], lo, w);
-        o[h][1] = dpwssd(o[h][1], hi, w);
+      for (int h = 0; h < G; ++h) {
+        const __m512i w = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(wb + h * kBlock));
+        o[h][0] = dpbusd(o[h][0], w, x0);
+        o[h][1] = dpbusd(o[h][1], w, x1);
       }
     };
-    // The rows kAhead blocks on (and kFar, into L2), asked for a pair at a time: the slices
+    // The rows kAhead blocks on (and kFar, into L2), asked for four at a time: the slices
     // of 64 bytes.
     const bool ask = c % 2 == 0;
     const int8_t* far = vr + kAhead * kBlock * ss;
     const int8_t* far2 = vr + kFar * kBlock * ss;
     int64_t j = 0;
-    for (; j + 2 <= len; j += 2) {
-      if (ask && j + 1 < n_ahead) {
-        _mm_prefetch(reinterpret_cast<const char*>(far + j * ss), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(far + (j + 1) * ss), _MM_HINT_T0);
-      }
-      if (ask && j + 1 < n_far) {
-        _mm_prefetch(reinterpret_cast<const char*>(far2 + j * ss), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(far2 + (j + 1) * ss), _MM_HINT_T1);
-      }
-      pair(row(j), row(j + 1), j);
+    for (; j + 4 <= len; j += 4) {
+      if (ask)
+        for (int x = 0; x < 4; ++x) {
+          if (j + x < n_ahead) _mm_prefetch(reinterpret_cast<const char*>(far + (j + x) * ss), _MM_HINT_T0);
+          if (j + x < n_far) _mm_prefetch(reinterpret_cast<const char*>(far2 + (j + x) * ss), _MM_HINT_T1);
+        }
+      quad(row(j), row(j + 1), row(j + 2), row(j + 3), j);
     }
-    if (j < len) pair(row(j), _mm512_setzero_si512(), j);
+    if (j < len) {  // 1-3 rows left: the rest zeros (their weights are 0 too)
+      const __m256i z = _mm256_setzero_si256();
+      quad(row(j), j + 1 < len ? row(j + 1) : z, j + 2 < len ? row(j + 2) : z, z, j);
+    }
     if (ask)
-      for (int64_t x = std::max<int64_t>(j, len - 1); x < n_ahead; ++x)
-        _mm_prefetch(reinterpret_cast<const char*>(far + x * ss), _MM_HINT_T0);
-    // 32768 * the sums, sign-extended into the two vectors' lane order
-    const __m512i sum_lo = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_unpacklo_epi16(colsum, colsum), 16), 15);
-    const __m512i sum_hi = _mm512_slli_epi32(_mm512_srai_epi32(_mm512_unpackhi_epi16(colsum, colsum), 16), 15);
+      for (int64_t x = j; x < n_ahead; ++x) _mm_prefetch(reinterpret_cast<const char*>(far + x * ss), _MM_HINT_T0);
     for (int h = 0; h < G; ++h) {
       const __m512i zc = _mm512_set1_epi32(sc.wzc[h]);
       const __m512 s = _mm512_set1_ps(sc.wsc[h]);
       float* acc = acc0 + h * D + c * 32;
-      const __m512i x0 = _mm512_sub_epi32(_mm512_add_epi32(o[h][0], sum_lo), zc);
-      const __m512i x1 = _mm512_sub_epi32(_mm512_add_epi32(o[h][1], sum_hi), zc);
-      _mm512_store_ps(acc, _mm512_fmadd_ps(_mm512_cvtepi32_ps(x0), s, _mm512_load_ps(acc)));
-      _mm512_store_ps(acc + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(x1), s, _mm512_load_ps(acc + 16)));
+      _mm512_store_ps(acc, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(o[h][0], zc)), s, _mm512_load_ps(acc)));
+      _mm512_store_ps(acc + 16,
+                      _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(o[h][1], zc)), s, _mm512_load_ps(acc + 16)));
     }
   }
 }
@@ -235,13 +250,14 @@ inline __m512 reduce8(const __m512 v[8], Op op) {
 // vnni_weighted_sums' weights:
 //  - per head bm = max(s) over the block; mn = max(m, bm) the new running max; what the head
 //    summed before times corr = e^(m - mn);
-//  - the weights p v_scale, p = e^(s - mn), as 16-bit fixed point in one pass of exponentials,
+//  - the weights p v_scale, p = e^(s - mn), as 8-bit fixed point in one pass of exponentials,
 //    in base 2: with y = (s - bm) log2(e) + log2(v_scale) and bp = max(y) over the block,
-//    u = round(2^(y - bp + log2(65535))), at most 65535: the block's largest weight at 65535
-//    exactly, as if all were divided by it (an error of at most 2^-17 of it), with the scale
-//    wsc = 2^(bp + (bm - mn) log2(e)) / 65535; stored less 32768 as vnni_weighted_sums takes
-//    them, with wzc = sum(u v_zp), exact;
-//  - the sum of the p from the same exponentials: l = l corr + wsc sum(2^(...) / v_scale).
+//    u = round(2^(y - bp + log2(255))), at most 255: the block's largest weight at 255 exactly,
+//    as if all were divided by it (an error of at most 2^-9 of it per key, below the int8
+//    values' own rounding, half a step of their row's scale), with the scale
+//    wsc = 2^(bp + (bm - mn) log2(e)) / 255, and wzc = sum(u v_zp), exact;
+//  - the sum of the p as rounded: l = l corr + wsc sum(u / v_scale), so that the weights the
+//    values get and the sum they are divided by agree.
 // Scores stay differences (s - bm, bm - mn) before they are scaled, exact where they are close.
 // Each pass runs over the block's 16-key vectors with the heads innermost (G independent chains
 // of work in flight), the heads' reductions batched (reduce8) and their results as lanes.
@@ -253,9 +269,6 @@ inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const 
   const __mmask16 hm = static_cast<__mmask16>((1u << G) - 1);
   auto vmax = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
   auto vadd = [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); };
-  auto iadd = [](__m512 a, __m512 b) {
-    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
-  };
   // the value scales' log2 and reciprocals (a scale of 0 taken as 1e-30: its key's values add
   // nothing, its weight still counts in the sum)
   for (int64_t j = 0; j < len; j += 16) {
@@ -312,28 +325,27 @@ inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const 
   const __m512 bpv = _mm512_maskz_mov_ps(here, reduce8(r, vmax));
   _mm512_store_ps(bp, bpv);
   const __m512 wv = _mm512_maskz_mov_ps(
-      here, _mm512_mul_ps(exp2_512(_mm512_fmadd_ps(_mm512_sub_ps(bv, mn), log2e, bpv)), _mm512_set1_ps(1.f / 65535.f)));
+      here, _mm512_mul_ps(exp2_512(_mm512_fmadd_ps(_mm512_sub_ps(bv, mn), log2e, bpv)), _mm512_set1_ps(1.f / 255.f)));
   _mm512_mask_storeu_ps(sc.wsc, hm, wv);
 
-  const __m512i half = _mm512_set1_epi32(32768), top = _mm512_set1_epi32(65535);
+  const __m512 top = _mm512_set1_ps(255.f);
   __m512 zc[8];
   for (int h = 0; h < 8; ++h) r[h] = zc[h] = zero;
-  for (int h = 0; h < G; ++h) b[h] = _mm512_set1_ps(bp[h] - 15.99997798f);  // log2(65535)
+  for (int h = 0; h < G; ++h) b[h] = _mm512_set1_ps(bp[h] - 7.99435343685886f);  // log2(255)
   for (int64_t v = 0; v < nv; ++v) {  // the weights, their sum and zero-point sum
     const __mmask16 m = tail_mask16(len - 16 * v);
     const __m512 rv = _mm512_loadu_ps(sc.rv + 16 * v);
-    const __m512i vz = _mm512_maskz_loadu_epi32(m, sc.vzi + 16 * v);
+    const __m512 vz = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, sc.vzi + 16 * v));
     for (int h = 0; h < G; ++h) {
       const __m512 w = _mm512_maskz_mov_ps(m, exp2_512(_mm512_sub_ps(_mm512_loadu_ps(sc.s + h * kBlock + 16 * v), b[h])));
-      r[h] = _mm512_fmadd_ps(w, rv, r[h]);
-      const __m512i u = _mm512_min_epi32(_mm512_cvtps_epi32(w), top);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc.wq + h * (kBlock / 2) + 8 * v),
-                         _mm512_cvtepi32_epi16(_mm512_sub_epi32(u, half)));
-      zc[h] = iadd(zc[h], _mm512_castsi512_ps(_mm512_mullo_epi32(u, vz)));
+      const __m512 u = _mm512_min_ps(_mm512_roundscale_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), top);
+      r[h] = _mm512_fmadd_ps(u, rv, r[h]);  // the weights as rounded: they and l agree
+      _mm_store_si128(reinterpret_cast<__m128i*>(sc.wq + h * kBlock + 16 * v), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(u)));
+      zc[h] = _mm512_fmadd_ps(u, vz, zc[h]);  // integers below 2^24: exact
     }
   }
   const __m512 S = reduce8(r, vadd);
-  _mm512_mask_storeu_epi32(sc.wzc, hm, _mm512_maskz_mov_epi32(here, _mm512_castps_si512(reduce8(zc, iadd))));
+  _mm512_mask_storeu_epi32(sc.wzc, hm, _mm512_maskz_mov_epi32(here, _mm512_cvtps_epi32(reduce8(zc, vadd))));
   const __m512 l = _mm512_maskz_loadu_ps(hm, sc.l + t0);
   _mm512_mask_storeu_ps(sc.l + t0, hm, _mm512_fmadd_ps(l, cv, _mm512_mul_ps(wv, S)));
 }
