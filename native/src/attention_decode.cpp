@@ -253,8 +253,8 @@ inline __m512 reduce8(const __m512 v[8], Op op) {
 //  - the weights p v_scale, p = e^(s - mn), as 8-bit fixed point in one pass of exponentials,
 //    in base 2: with y = (s - bm) log2(e) + log2(v_scale) and bp = max(y) over the block,
 //    u = round(2^(y - bp + log2(255))), at most 255: the block's largest weight at 255 exactly,
-//    as if all were divided by it (an error of at most 2^-9 of it per key, below the int8
-//    values' own rounding, half a step of their row's scale), with the scale
+//    as if all were divided by it (an error of at most 2^-9 of it per key; the int8 values'
+//    own rounding is up to 2^-8 of their row's largest), with the scale
 //    wsc = 2^(bp + (bm - mn) log2(e)) / 255, and wzc = sum(u v_zp), exact;
 //  - the sum of the p as rounded: l = l corr + wsc sum(u / v_scale), so that the weights the
 //    values get and the sum they are divided by agree.
