@@ -15,9 +15,13 @@
 // lanes for a whole group, one conversion and scale a group for 16 rows; with
 // AVX-512 VNNI a 512-bit vpdpbusd); rows past the last whole panel by blocks
 // (gemm: a block's rows unpacked into a small buffer, pairs of activation rows
-// over them). Threads split the output features (N) by blocks or panels.
+// over them). Threads split the output features (N) by blocks or panels. Where the CPU has
+// AMX (linear_q4_amx.h), a panel's rows go 16 at a time through TDPBUSD instead, the panel's
+// unpacked weights being its B operand as they are.
 // Without AVX2 (and F16C, FMA): the same arithmetic in scalar code.
 #include "linear_q4.h"
+#include "attention_amx.h"  // amx_attention_supported
+#include "linear_q4_amx.h"
 #include "simd.h"  // dpbusd
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
@@ -37,6 +41,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -309,6 +314,38 @@ void gemm(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int
 constexpr int64_t kPanel = 16;
 
 void unpack_panel(const uint8_t* W, const uint16_t* S, int64_t G, int64_t blk0, int8_t* pw, float* ps) {
+#if defined(ETS_Q4_AVX512)
+  // A group of the panel's four blocks is four vectors, block b's rows r holding the quads of
+  // inputs q (low nibbles; high nibbles: quads 4 + q) as dwords 4r + q. Each is reordered to
+  // dwords 4q + r, so that 128-bit lane q holds quad q of its four rows; the lanes of the four
+  // blocks transposed (4 x 4 of 128-bit lanes) then give, per quad, the 16 rows in order.
+  const __m512i qr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const int64_t gs = G * 64;  // bytes from one block to the next
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* src = W + (blk0 * G + g) * 64;
+    __m512i lo[4], hi[4];
+    for (int b = 0; b < 4; ++b) {
+      const __m512i v = _mm512_loadu_si512(src + b * gs);
+      lo[b] = _mm512_permutexvar_epi32(qr, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
+      hi[b] = _mm512_permutexvar_epi32(qr, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
+    }
+    int8_t* dst = pw + g * 8 * kPanel * 4;
+    auto transpose = [&](const __m512i x[4], int8_t* out) {  // out: quads 0-3 of 16 rows
+      const __m512i t0 = _mm512_shuffle_i32x4(x[0], x[1], 0x44), t1 = _mm512_shuffle_i32x4(x[0], x[1], 0xEE);
+      const __m512i t2 = _mm512_shuffle_i32x4(x[2], x[3], 0x44), t3 = _mm512_shuffle_i32x4(x[2], x[3], 0xEE);
+      _mm512_store_si512(out, _mm512_shuffle_i32x4(t0, t2, 0x88));
+      _mm512_store_si512(out + 64, _mm512_shuffle_i32x4(t0, t2, 0xDD));
+      _mm512_store_si512(out + 128, _mm512_shuffle_i32x4(t1, t3, 0x88));
+      _mm512_store_si512(out + 192, _mm512_shuffle_i32x4(t1, t3, 0xDD));
+    };
+    transpose(lo, dst);
+    transpose(hi, dst + 256);
+    alignas(32) uint16_t h[16];  // the four blocks' four scales
+    for (int b = 0; b < 4; ++b) std::memcpy(h + 4 * b, S + ((blk0 + b) * G + g) * 4, 8);
+    _mm512_store_ps(ps + g * kPanel, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
+  }
+#else
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t bi = 0; bi < kPanel / 4; ++bi) {
       const int64_t blk = blk0 + bi;
@@ -324,6 +361,7 @@ void unpack_panel(const uint8_t* W, const uint16_t* S, int64_t G, int64_t blk0, 
       }
     }
   }
+#endif
 }
 
 // Four activation bytes (one quad) as every 32-bit lane.
@@ -418,10 +456,11 @@ void panel_store(const __m256 out[RM][2], const float* xs, const int32_t* off, c
 // Activation rows [0, M) against panels [p0, p1) (output rows 16 p0 .. 16 p1 - 1).
 void gemm_panels(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int64_t K,
                  const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t N,
-                 int64_t p0, int64_t p1, float* Y, int8_t* pw, float* ps) {
+                 int64_t p0, int64_t p1, float* Y, int8_t* pw, float* ps, float* sums) {
   const int64_t G = K / kQ4Group;
 #if defined(ETS_Q4_AVX512)
   using Out = __m512;
+  const int64_t M16 = sums != nullptr ? M / 16 * 16 : 0;  // rows on AMX tiles
 #else
   using Out = __m256[2];
 #endif
@@ -430,6 +469,14 @@ void gemm_panels(const uint8_t* XU, const float* xs, const int32_t* off, int64_t
     const int64_t n0 = p * kPanel;
     int64_t m = 0;
 #if defined(ETS_Q4_AVX512)
+    if (M16 > 0) {
+      q4_panel_amx(XU, M16, K, pw, ps, sums);
+      for (; m < M16; m += 8) {
+        Out out[8];
+        for (int r = 0; r < 8; ++r) out[r] = _mm512_load_ps(sums + (m + r) * kPanel);
+        panel_store<8>(out, xs + m, off + m, C, bias, n0, N, Y + m * N);
+      }
+    }
     // Eight rows where they are (eight chains of vpdpbusd, their latency hidden: 1.6 times
     // four rows' speed on a Zen 5 EPYC; twelve spill)
     for (; m + 8 <= M; m += 8) {
@@ -504,6 +551,14 @@ bool contiguous(const Tensor& t) {
 
 }  // namespace
 
+bool linear_q4_amx_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("ETSERVE_LINEAR");
+    return amx_attention_supported() && !(env && std::strcmp(env, "generic") == 0);
+  }();
+  return on;
+}
+
 void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, const uint16_t* scales,
                const float* row_sums, const float* bias, int64_t N, float* out) {
   if (M <= 0 || N <= 0) return;
@@ -513,7 +568,16 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
   xu.resize(static_cast<size_t>(M * K));
   xs.resize(static_cast<size_t>(M));
   off.resize(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xu.data() + m * K, &xs[m], &off[m]);
+  if (M == 1) {
+    quantize_row(x, K, xu.data(), &xs[0], &off[0]);
+  } else {  // a prefill chunk's rows: a few hundred microseconds on one thread for 4,864 inputs
+    uint8_t* XQ = xu.data();
+    float* S = xs.data();
+    int32_t* O = off.data();
+    executorch::extension::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) quantize_row(x + m * K, K, XQ + m * K, &S[m], &O[m]);
+    });
+  }
 
   const uint8_t* XU = xu.data();
   const float* XS = xs.data();
@@ -542,13 +606,19 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
 #if defined(ETS_Q4_AVX2)
   const int64_t panels = N / kPanel;
   if (panels > 0) {
+#if defined(ETS_Q4_AVX512)
+    const bool amx = M >= 16 && linear_q4_amx_enabled();
+#else
+    const bool amx = false;
+#endif
     executorch::extension::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
       thread_local std::vector<int8_t> pw;
-      thread_local std::vector<float> ps;
+      thread_local std::vector<float> ps, sums;
       pw.resize(static_cast<size_t>(K / kQ4Group * 8 * kPanel * 4 + 64));
       ps.resize(static_cast<size_t>(K / kQ4Group * kPanel + 16));
+      if (amx) sums.resize(static_cast<size_t>(M / 16 * 16 * kPanel + 16));
       gemm_panels(XU, XS, OFF, M, K, weight, scales, row_sums, bias, N, p0, p1, out, align64(pw.data()),
-                  align64(ps.data()));
+                  align64(ps.data()), amx ? align64(sums.data()) : nullptr);
     });
     done = panels * (kPanel / 4);
   }

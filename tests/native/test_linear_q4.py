@@ -105,6 +105,10 @@ def test_the_reference_is_torchaos_arithmetic():
     (64, 896, 40, False),    # a prefill chunk
     (6, 4864, 20, True),     # a down projection's width: a panel and a block; 4 + 1 + 1 rows
     (3, 64, 8, False),       # no panel: blocks of 4 alone
+    # with AMX: 16 rows a tile, the rest as without it
+    (16, 160, 32, True),     # one tile of rows, groups 4 + 1
+    (37, 896, 52, False),    # two tiles of rows and 5 more (4 + 1); three panels and a block
+    (128, 4864, 48, True),   # a whole prefill chunk over a down projection's width
 ])
 def test_matches_the_reference(lib, m, k, n, bias):
     rng = np.random.default_rng(m * 1000 + n)
