@@ -212,7 +212,9 @@ AmxScratch* amx_scratch_new(int64_t rows, int64_t G) {
   auto* s = new (std::nothrow) AmxScratch;
   if (s == nullptr) return nullptr;
   const int64_t nq = rows * G;
-  s->nq_pad = (nq + kMq - 1) / kMq * kM;
+  // A blocks of kMq query vectors, or of kDecodeRows over tiled caches; and 16 more, as the
+  // tiled path reads the running maxima of an A block's 16 rows at once
+  s->nq_pad = std::max((nq + kMq - 1) / kMq * kM, ((nq + 7) / 8 + 1) * kM);
   const size_t np = size_t(s->nq_pad);
   const size_t sizes[] = {np * kD, np * 4, np * 4, np * kD * 4, np * 4, np * 4,
                           size_t(kG16) * 256 * 4, size_t(kC32) * 4 * 512 * 2,
@@ -542,12 +544,12 @@ struct DecodeKeys {
 // them, no mask), pass 1: its scores before alpha into sc->s (-inf past vis);
 // returns their largest times alpha (-inf: nothing visible).
 template <bool kFull>
-inline float decode_scores(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& dk, int64_t i,
+inline float decode_scores(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& dk, int64_t i, int64_t t,
                            int64_t vis, const float* mrow) {
   constexpr int64_t kV = kKB / 16;
   const int64_t nv = kFull ? kV : (vis + 15) / 16;
-  const __m512 zq = _mm512_set1_ps(static_cast<float>(sc->qz[i]));
-  const __m512 c = _mm512_set1_ps(static_cast<float>(sc->qsum[i] - 64 * sc->qz[i]));
+  const __m512 zq = _mm512_set1_ps(static_cast<float>(sc->qz[t]));
+  const __m512 c = _mm512_set1_ps(static_cast<float>(sc->qsum[t] - 64 * sc->qz[t]));
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   float* x = sc->s + i * kKB;
   __m512 mx = ninf;
@@ -562,24 +564,24 @@ inline float decode_scores(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& 
       const int64_t rest = vis - 16 * v;
       const __mmask16 k = rest >= 16 ? __mmask16(0xffff) : __mmask16((1u << rest) - 1u);
       // the additive mask is in the scores' units: divided by the query's scale
-      if (mrow) s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mrow + 16 * v), _mm512_set1_ps(1.f / sc->qs[i]), s);
+      if (mrow) s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mrow + 16 * v), _mm512_set1_ps(1.f / sc->qs[t]), s);
       s = _mm512_mask_mov_ps(ninf, k, s);
     }
     _mm512_store_ps(x + 16 * v, s);
     mx = _mm512_max_ps(mx, s);
   }
-  return _mm512_reduce_max_ps(mx) * (sc->qs[i] * 1.44269504088896341f);
+  return _mm512_reduce_max_ps(mx) * (sc->qs[t] * 1.44269504088896341f);
 }
 
 // Pass 2: P' of row i as digits (see attend_block_decode), 2^(x alpha - bm)
 // summed into *sum, sum(Q zv) into *czi; returns the unit of Q before the
 // block's scale against the row's maximum.
 template <bool kFull>
-inline float decode_probs(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& dk, int64_t i,
+inline float decode_probs(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& dk, int64_t i, int64_t t,
                           int64_t vis, int64_t chunks, float bm, float* sum, int32_t* czi) {
   constexpr int64_t kV = kKB / 16;
   const int64_t nv = kFull ? kV : (vis + 15) / 16;
-  const __m512 alpha = _mm512_set1_ps(sc->qs[i] * 1.44269504088896341f), vbm = _mm512_set1_ps(bm);
+  const __m512 alpha = _mm512_set1_ps(sc->qs[t] * 1.44269504088896341f), vbm = _mm512_set1_ps(bm);
   float* x = sc->s + i * kKB;
   __m512 acc = _mm512_setzero_ps(), top = _mm512_setzero_ps();
 #pragma GCC unroll 8
@@ -591,8 +593,8 @@ inline float decode_probs(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& d
     _mm512_store_ps(x + 16 * v, pv);
     top = _mm512_max_ps(top, pv);
   }
-  const float t = _mm512_reduce_max_ps(top);
-  const __m512 inv = _mm512_set1_ps(t > 0.f ? 65535.f / t : 0.f);
+  const float tp = _mm512_reduce_max_ps(top);
+  const __m512 inv = _mm512_set1_ps(tp > 0.f ? 65535.f / tp : 0.f);
   __m512i cz = _mm512_setzero_si512();
   int8_t* row = sc->pd + i * 64;
 #pragma GCC unroll 8
@@ -613,11 +615,11 @@ inline float decode_probs(AmxScratch* sc, const KVBlock& kb, const DecodeKeys& d
   }
   *sum = _mm512_reduce_add_ps(acc);
   *czi = _mm512_reduce_add_epi32(cz);
-  return t / 65535.f;
+  return tp / 65535.f;
 }
 
 void attend_block_decode(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, int64_t g,
-                         int64_t i0, int64_t jb, int64_t len, int64_t rows, int64_t G,
+                         int64_t i0, int64_t t0, int64_t jb, int64_t len, int64_t rows, int64_t G,
                          int64_t vis_max, Prefetch& pf) {
   const int64_t nv_max = (vis_max + 15) / 16, chunks = (vis_max + 63) / 64;
   DecodeKeys dk;
@@ -632,7 +634,7 @@ void attend_block_decode(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, i
   bool full = true;
   std::fill(bm, bm + 16, -INFINITY);
   for (int64_t i = 0; i < rows; ++i) {
-    const int64_t r = i / G;
+    const int64_t r = (t0 + i) / G;
     const int64_t n = std::clamp<int64_t>(sc->lim[r] - jb, 0, len);
     mrow[i] = a.mask ? a.mask + (i0 + r) * a.mask_ss + jb : nullptr;
     vis[i] = n;
@@ -640,15 +642,17 @@ void attend_block_decode(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, i
   }
   for (int64_t i = 0; i < rows; ++i) {
     if (full) {
-      bm[i] = decode_scores<true>(sc, kb, dk, i, kKB, nullptr);
+      bm[i] = decode_scores<true>(sc, kb, dk, i, t0 + i, kKB, nullptr);
     } else if (vis[i] > 0) {
-      bm[i] = decode_scores<false>(sc, kb, dk, i, vis[i], mrow[i]);
+      bm[i] = decode_scores<false>(sc, kb, dk, i, t0 + i, vis[i], mrow[i]);
     }
     pf.next(8);
   }
   // The rows' new maxima, the corrections of what they had, and each block's
   // scale against its row's maximum, 16 rows at once.
-  const __m512 mo = _mm512_load_ps(sc->m), vbm = _mm512_load_ps(bm), ninf = _mm512_set1_ps(-INFINITY);
+  float* m = sc->m + t0;  // this A block's query vectors' state
+  float* l = sc->l + t0;
+  const __m512 mo = _mm512_loadu_ps(m), vbm = _mm512_load_ps(bm), ninf = _mm512_set1_ps(-INFINITY);
   const __m512 mn = _mm512_max_ps(mo, vbm);
   const __mmask16 had = _mm512_cmp_ps_mask(mo, ninf, _CMP_GT_OQ), sees = _mm512_cmp_ps_mask(vbm, ninf, _CMP_GT_OQ);
   alignas(64) float corr[16], below[16];
@@ -662,12 +666,12 @@ void attend_block_decode(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, i
     if (!(bm[i] > -INFINITY)) continue;
     float sum, unit;
     if (full) {
-      unit = decode_probs<true>(sc, kb, dk, i, kKB, chunks, bm[i], &sum, &sc->czi[i]);
+      unit = decode_probs<true>(sc, kb, dk, i, t0 + i, kKB, chunks, bm[i], &sum, &sc->czi[i]);
     } else {
-      unit = decode_probs<false>(sc, kb, dk, i, vis[i], chunks, bm[i], &sum, &sc->czi[i]);
+      unit = decode_probs<false>(sc, kb, dk, i, t0 + i, vis[i], chunks, bm[i], &sum, &sc->czi[i]);
     }
-    sc->l[i] = sc->l[i] * corr[i] + sum * below[i];
-    sc->m[i] = bm[i] > sc->m[i] ? bm[i] : sc->m[i];
+    l[i] = l[i] * corr[i] + sum * below[i];
+    m[i] = bm[i] > m[i] ? bm[i] : m[i];
     sc->corr[i] = corr[i];
     sc->pu[i] = unit * below[i];
     pf.next(8);
@@ -704,7 +708,7 @@ void attend_block_decode(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, i
   _tile_stored(5, sc->od + 48, kD * 4);
   pf.next(128);  // the rest
   for (int64_t i = 0; i < rows; ++i) {
-    float* acc = sc->acc + i * kD;
+    float* acc = sc->acc + (t0 + i) * kD;
     const int32_t* o0 = sc->od + i * kD;
     const int32_t* o1 = sc->od + (8 + i) * kD;
     const __m512 u = _mm512_set1_ps(sc->pu[i]), corr = _mm512_set1_ps(sc->corr[i]);
@@ -722,12 +726,13 @@ void attend_block_decode(const AttnArgs& a, AmxScratch* sc, const KVBlock& kb, i
 void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g, int64_t j0,
                      int64_t j1, AmxScratch* sc, float* part_m, float* part_l, float* part_acc) {
   const int64_t G = a.H / a.Hkv, NQ = R * G;
-  const int64_t n_mb = (NQ + kMq - 1) / kMq;
-  // Tiled caches and one A block (decode): P V in int8 straight from the value
-  // tiles; for more (prefill) converting each block's values to bf16 once for
-  // all of them is cheaper.
+  // Tiled caches: P V in int8 straight from the value tiles, in A blocks of kDecodeRows query
+  // vectors (their digits fill a tile's 16 rows); caches in rows: the values converted to bf16
+  // once per block for A blocks of kMq.
   const bool tiled = a.k.tiled != 0;  // then a.v.tiled too: the keys need no conversion
-  const bool int8_pv = tiled && NQ <= kDecodeRows;
+  const bool int8_pv = tiled;
+  const int64_t mq = int8_pv ? kDecodeRows : kMq;
+  const int64_t n_mb = (NQ + mq - 1) / mq;
   // Tile rows: decode stacks its two digits (16); otherwise the query vectors and the ones.
   const int M = int8_pv ? kM : static_cast<int>(std::min<int64_t>(kM, NQ + 1));
   int64_t jmax = j0;
@@ -740,7 +745,7 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
   // The raw int8 queries, 15 per A block, each block's next row all ones (its
   // products are the key sums, for the query zero points); the rest zero.
   for (int64_t mb = 0; mb < n_mb; ++mb) {
-    const int64_t t0 = mb * kMq, nqb = std::min<int64_t>(kMq, NQ - t0);
+    const int64_t t0 = mb * mq, nqb = std::min<int64_t>(mq, NQ - t0);
     int8_t* blk = sc->qd + mb * kM * kD;
     std::memset(blk, 0, kM * kD);
     for (int64_t r = 0; r < nqb; ++r) {
@@ -774,7 +779,7 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
     if (tiled) pf.start(a, g, jb + 2 * kKB, jmax);
     bool next_done = jb + kKB >= jmax;
     for (int64_t mb = 0; mb < n_mb; ++mb) {
-      const int64_t t0 = mb * kMq, rows = std::min<int64_t>(kMq, NQ - t0);
+      const int64_t t0 = mb * mq, rows = std::min<int64_t>(mq, NQ - t0);
       int64_t vis_max = 0;  // keys of the block some row of this A block sees
       for (int64_t i = 0; i < rows; ++i)
         vis_max = std::max(vis_max, std::clamp<int64_t>(sc->lim[(t0 + i) / G] - jb, 0, len));
@@ -819,7 +824,7 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
         next_done = true;
       }
       if (int8_pv) {
-        attend_block_decode(a, sc, kb, g, i0, jb, len, rows, G, vis_max, pf);
+        attend_block_decode(a, sc, kb, g, i0, t0, jb, len, rows, G, vis_max, pf);
         continue;
       }
       for (int64_t i = 0; i < M; ++i) {
