@@ -11,12 +11,13 @@
 // runs) or transposed from rows into a block buffer (caches in rows).
 //
 // Weighted sums, per block of 128 keys:
-// - decode (at most 8 query vectors) over tiled caches: P' = P * value scale
+// - over tiled caches (a model's, decode and prefill; A blocks of at most 8
+//   query vectors): P' = P * value scale
 //   in 16-bit fixed point relative to the row's largest in the block, two
 //   unsigned digits stacked in one A tile, against the raw int8 value tiles
 //   (AMX-INT8), combined exactly in int32 with the zero-point term: nothing of
 //   the cache is converted at all (attend_block_decode);
-// - otherwise (prefill, or caches in rows): the values converted once per
+// - over caches in rows (the kernels' tests): the values converted once per
 //   block to bf16 key pairs for every A block of the tile, P' split into bf16
 //   hi + lo, fp32 sums (AMX-BF16), the zero points subtracted after.
 // A block is converted (or prefetched, tiled) during the previous one, so
@@ -516,9 +517,9 @@ inline __m512 exp2_512(__m512 x) {
   return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f)), n);
 }
 
-// Decode over tiled caches (one A block of at most kDecodeRows query vectors,
-// t = i): block jb's softmax and O += P V, the running maxima sc->m in log2
-// units (attend_tile_amx converts them at the end).
+// Tiled caches (an A block of at most kDecodeRows query vectors, t = t0 + i):
+// block jb's softmax and O += P V, the running maxima sc->m in log2 units
+// (attend_tile_amx converts them at the end).
 // - Scores: x = Q.K - zk sum(Q) - zq sum(K) + 64 zq zk from the int32 tile
 //   products (sc->sd) and the key sums (row `rows`), exact in fp32 (every term
 //   is an integer below 2^24), times the key scale; the query's scale and

@@ -6,7 +6,7 @@
 // online softmax; results normalized into the output or, for a key split,
 // left as partial (max, sum, weighted sum) triples. Scores exact in integers
 // (the raw int8 queries and keys); weighted sums exact to ~1e-6 relative, like
-// the generic kernel, except decode over tiled caches, whose probabilities are
+// the generic kernel, except over tiled caches, whose probabilities are
 // 16-bit fixed point per 128-key block (~2^-14 of the outputs' range; details in
 // attention_amx.cpp). Over caches in rows or in
 // kv_layout.h's tile layout (AttnOperand::tiled), where a decode step reads
