@@ -24,6 +24,7 @@
 // the stores have retired (the lines arrived) when the tiles load them.
 #include "attention_amx.h"
 
+#include "amx_tiles.h"
 #include "attention.h"
 #include "simd.h"
 
@@ -46,25 +47,13 @@ constexpr int kC32 = kKB / 32;    // 32-key chunks of a block (probability tiles
 constexpr int kM = 16;            // tile rows of an A block:
 constexpr int kMq = 15;           // up to 15 query vectors, then a row of ones (the key sums)
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // Tiles 0-5: m rows (query vectors) x 64 bytes, the A operands and results;
 // 6, 7: 16 rows x 64 bytes, the B operands (keys, values).
 void load_tile_config(int m) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(t < 6 ? m : 16);
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  const uint8_t r = static_cast<uint8_t>(m);
+  const uint8_t rows[8] = {r, r, r, r, r, r, 16, 16};
+  const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+  load_tiles(rows, colsb);
 }
 
 using simd::exp512;

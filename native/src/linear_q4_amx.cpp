@@ -3,33 +3,20 @@
 // the baseline CPU like that check has to be) said the CPU has them.
 #include "linear_q4_amx.h"
 
-#include <immintrin.h>
+#include "amx_tiles.h"
 
-#include <cstring>
+#include <immintrin.h>
 
 namespace etserve {
 
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // Tiles 0-3: the int32 sums of four groups (16 rows x 16 features); 4, 5: activations (16 rows
 // x one group's 32 bytes); 6, 7: weights (8 quads of inputs x 16 features x 4 bytes).
 void load_config() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = t < 6 ? 16 : 8;
-    cfg.colsb[t] = t < 4 || t >= 6 ? 64 : 32;
-  }
-  _tile_loadconfig(&cfg);
+  const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 8, 8};
+  const uint16_t colsb[8] = {64, 64, 64, 64, 32, 32, 64, 64};
+  load_tiles(rows, colsb);
 }
 
 }  // namespace
