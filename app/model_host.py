@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.engine import Engine, NativeModel, faults, set_num_threads
 from app.engine.native import library
+from app.engine.scheduler import StepPolicy
 from app.engine.sessions import model_identity
 from app.grammar import GrammarCompiler
 from app.models.manifest import MANIFEST, check_model_dir, check_program
@@ -140,7 +141,8 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
     engine = Engine(native, prefill_chunk=settings.prefill_chunk, max_queue=settings.max_queue,
                     queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib,
                     session_dir=settings.session_dir or None, session_dir_mib=settings.session_dir_mib,
-                    model_identity=identity, context_shift=settings.context_shift, keep=settings.keep)
+                    model_identity=identity, context_shift=settings.context_shift, keep=settings.keep,
+                    slots=settings.parallel, policy=StepPolicy(max_wait=settings.sched_max_wait))
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
     if engine.sessions.disk is not None:
         engine.sessions.disk.write_delay = faults.session_write_delay()  # 0 unless a test asks

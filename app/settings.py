@@ -33,10 +33,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("threads", "ETSERVE_THREADS", "--threads", "0", "runtime threads (0: one per core)"),
     Setting("prefill_chunk", "ETSERVE_PREFILL_CHUNK", "--prefill-chunk", "128",
             "prompt tokens per forward call; cancellation is checked between chunks"),
+    Setting("parallel", "ETSERVE_PARALLEL", "--parallel", "4",
+            "sequence slots: requests generating at once, each with a KV state of its own (like "
+            "llama.cpp's --parallel); they take turns a forward step at a time (docs/scheduling.md)"),
+    Setting("sched_max_wait", "ETSERVE_SCHED_MAX_WAIT", "--sched-max-wait", "3",
+            "seconds a request in flight may wait for its next step while shorter ones go first; "
+            "then it goes next (no request starves)"),
     Setting("max_queue", "ETSERVE_MAX_QUEUE", "--max-queue", "16",
-            "requests that may wait while one generates; more get 429"),
+            "requests that may wait for a slot while all are busy; more get 429"),
     Setting("queue_timeout", "ETSERVE_QUEUE_TIMEOUT", "--queue-timeout", "300",
-            "seconds a request may wait for the model before a 503"),
+            "seconds a request may wait for a slot before a 503"),
     Setting("api_key", "ETSERVE_API_KEY", "--api-key", "",
             "require this key (Authorization: Bearer or X-Api-Key) on every route but /health and the chat page"),
     Setting("metrics_auth", "ETSERVE_METRICS_AUTH", "--metrics-auth", "open",
@@ -100,6 +106,8 @@ class Settings:
     port: int
     threads: int
     prefill_chunk: int
+    parallel: int
+    sched_max_wait: float
     max_queue: int
     queue_timeout: int
     api_key: str

@@ -15,6 +15,7 @@ class CancelToken:
         self._probe = probe
         self.reason: str | None = None
         self.generations: list = []  # GenerationStats of each generation run under it (the request log)
+        self.listeners: list[Callable[[], None]] = []  # called once, when it is cancelled
 
     def close(self) -> None:
         """Release what the probe holds (a duplicated socket descriptor)."""
@@ -26,6 +27,8 @@ class CancelToken:
         if not self._cancelled:
             self._cancelled = True
             self.reason = reason
+            for listener in self.listeners:
+                listener()
 
     @property
     def cancelled(self) -> bool:

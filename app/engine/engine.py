@@ -1,11 +1,14 @@
-"""The engine: one model, one lock, token ids in and token ids out.
+"""The engine: one model, one forward call at a time, several requests in flight.
 
-Generation is serialized: a request holds the lock from its first prefill chunk
-to its last decode step. The KV cache keeps what the previous request left in
-it, so a prompt that starts with the same tokens prefills only the rest. With
-sessions (sessions.py), the states of other recent conversations are saved
-aside and copied back when their next request comes; with a session directory
-they are also kept on disk, across restarts.
+Each request in flight has a sequence slot (slots.py): a KV state of its own in the runtime,
+kept between its steps and switched by pointer. What holds the runtime is one forward step
+(a prefill chunk, or a decode step and its sample), not a request: before every step a
+sequence asks the step gate (steps.py), and between steps the scheduling policy
+(scheduler.py) picks who goes next, so a short request is not stuck behind a long one and
+decoding streams take turns. A slot keeps what its last request left in it, so a prompt that
+starts the same way reads only the rest. With sessions (sessions.py), the states of other
+recent conversations are saved aside and copied back when their next request comes; with a
+session directory they are also kept on disk, across restarts.
 
 A request may ask for PromptProgress events while its prompt is read
 (`report_progress`); /health reads the running prefill's progress from
@@ -15,19 +18,21 @@ context drops the oldest half of what follows the first `keep` tokens and goes o
 
 from __future__ import annotations
 
+import itertools
 import logging
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Union
 
 from .cancel import CancelToken
-from .native import NativeError, NativeModel
+from .native import NativeError, NativeModel, Status
 from .offload import run_blocking
-from .sessions import DiskSessions, KvSessions
 from .sampling import SamplingParams
+from .scheduler import Claim, StepPolicy
+from .sessions import DiskSessions, KvSessions, common_prefix
+from .slots import Slot, SlotTable
+from .steps import StepGate
 
 
 class QueueFullError(RuntimeError):
@@ -79,6 +84,8 @@ class GenerationRequest:
     report_progress: bool = False  # also yield PromptProgress events while the prompt is read
     keep: int | None = None  # context shift: tokens at the start never dropped (e.g. the system
     #                          prompt's); the engine's own --keep, when set, wins
+    supersede_key: str | None = None  # a newer request with the same key cancels this one (an
+    #                                   editor's infill for the same document, typed further)
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,8 @@ class GenerationStats:
     cached_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None  # "stop", "length" or "cancelled"
-    queued_ms: float = 0.0
+    slot: int | None = None  # the sequence slot it ran in
+    queued_ms: float = 0.0  # from arrival to its first step: waiting for a slot and a turn
     prompt_ms: float = 0.0
     decode_ms: float = 0.0
     context_shifts: int = 0  # times the context was full and its older half dropped
@@ -131,6 +139,9 @@ class Generation:
         self._events.close()
 
 
+_CANCELLED = object()  # what a step returns when its request was cancelled while it waited
+
+
 class Engine:
     def __init__(
         self,
@@ -147,44 +158,120 @@ class Engine:
         model_identity: str = "",
         context_shift: bool = False,
         keep: int = -1,
+        slots: int = 1,
+        policy: StepPolicy | None = None,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
         self.prefill_chunk = max(1, min(prefill_chunk, model.info.max_prefill_len))
         self.prefix_reuse = prefix_reuse
-        self.max_queue = max_queue  # requests allowed to wait while one generates
+        self.max_queue = max_queue  # requests allowed to wait for a slot while all are busy
         self.queue_timeout = queue_timeout
         self._offload = offload
-        self._line = _FifoLock()  # generation is serialized, waiting requests served in arrival order
-        self._kv_tokens: list[int] = []  # tokens whose keys/values fill positions 0..n-1
-        self.generating = False
         self.requests_started = 0
         self.context_shift = context_shift  # at the end of the context: drop the older half and go on
         self.keep = keep  # tokens a shift keeps at the start; -1: the request's `keep`, else 0
-        self.prompt_progress: PromptProgress | None = None  # the prompt being read right now
-        # saved KV states of recent sessions, and which one the live cache holds
+        self._seq = itertools.count(1)
+        self._gate = StepGate(policy)
+        self._superseding: dict[str, tuple[CancelToken, list]] = {}  # key -> (cancel, [its slot])
+        self.superseded = 0
         log = logging.getLogger("etserve")
+        self.slot_memory_note = ""
+        self.slot_table = SlotTable(1)
+        # saved KV states of recent sessions, and which one each slot holds
         disk = None
         if session_dir:
             disk = DiskSessions(Path(session_dir), int(session_dir_mib * 2**20), model_identity, log)
         self.sessions = KvSessions(model, int(session_cache_mib * 2**20), offload, log, disk=disk)
+        if slots > 1:
+            self._make_slots(slots, log)
         # called with each finished generation's complete stats (metrics); must not raise
         self.observers: list[Callable[[GenerationStats], None]] = []
+
+    def _make_slots(self, n: int, log: logging.Logger) -> None:
+        """n sequence slots in the runtime (one forward call first, if none has found the caches
+        yet); a model whose caches cannot be switched keeps one, with a warning."""
+        model = self.model
+        try:
+            try:
+                model.set_slots(n)
+            except NativeError as e:
+                if e.code != Status.STATE:
+                    raise
+                model.forward([model.info.bos_id or 0], 0)  # the caches are found on a first call
+                model.set_slots(n)
+        except (NativeError, AttributeError) as e:
+            log.warning("one sequence slot: this model's KV caches cannot be switched (%s); requests "
+                        "are served one at a time", e)
+            return
+        self.slot_table.resize(n)
+        reserved = sum(model.slot_memory(i)[0] for i in range(1, n))
+        self.slot_memory_note = (f"{n} sequence slots of {self.context_length} positions: slot 0 in the "
+                                 f"program's memory, {n - 1} more mapped ({reserved / 2**20:.0f} MiB at most, "
+                                 f"used as positions are written)")
+        log.info("%s", self.slot_memory_note)
+
+    # -- state for /health, /slots, /metrics
+    @property
+    def slots(self) -> list[Slot]:
+        return self.slot_table.slots
+
+    @property
+    def generating(self) -> bool:
+        return self.slot_table.busy > 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot."""
+        return self.slot_table.waiting
+
+    @property
+    def prompt_progress(self) -> PromptProgress | None:
+        """The prompt being read right now (the most advanced, if several are)."""
+        reading = [s for s in self.slots if s.busy and s.task == "prefill"]
+        if not reading:
+            return None
+        s = max(reading, key=lambda s: s.processed)
+        return PromptProgress(s.prompt_tokens, s.cached_tokens, s.processed,
+                              int((time.perf_counter() - s.started) * 1000))
+
+    def slot_memory(self) -> list[dict]:
+        out = []
+        for s in self.slots:
+            reserved = resident = 0
+            if s.index > 0:
+                try:
+                    reserved, resident = self.model.slot_memory(s.index)
+                except (NativeError, AttributeError):
+                    pass
+            out.append({"id": s.index, "reserved_bytes": reserved, "resident_bytes": resident})
+        return out
+
+    def slots_report(self) -> list[dict]:
+        """GET /slots: each slot's state, and its memory (slot 0's is the program's own)."""
+        memory = {m["id"]: m for m in self.slot_memory()}
+        return [{**s.state(), "n_ctx": self.context_length,
+                 "memory": {k: v for k, v in memory[s.index].items() if k != "id"}} for s in self.slots]
+
+    @property
+    def steps(self) -> StepGate:
+        return self._gate
 
     def check_fits(self, prompt_tokens: int) -> None:
         if prompt_tokens >= self.context_length:
             raise ContextLengthError(prompt_tokens, self.context_length)
 
     def check_admission(self) -> None:
-        """Refuse new work while the wait queue is full (checked before a response starts)."""
-        if self.generating and self.waiting >= self.max_queue:
+        """Refuse new work while every slot is busy and the wait queue is full (checked before a
+        response starts)."""
+        if self.slot_table.busy >= len(self.slot_table) and self.waiting >= self.max_queue:
             raise QueueFullError(self.waiting)
 
     def generate(self, request: GenerationRequest, cancel: CancelToken | None = None) -> Generation:
-        """Start a generation (lazily: the lock is taken on first iteration).
+        """Start a generation (lazily: it waits for a slot on first iteration).
 
         Raises ContextLengthError at once; iteration raises QueueTimeoutError
-        if the wait for the lock exceeds the queue timeout. Callers check
+        if the wait for a slot exceeds the queue timeout. Callers check
         admission (check_admission) before they start a response.
         """
         if not request.prompt:
@@ -193,7 +280,21 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(request.prompt))
         cancel = cancel or CancelToken()
         cancel.generations.append(stats)
-        return Generation(self._run(request, cancel, stats), stats)
+        claim = Claim(seq=next(self._seq), arrival=self._gate.clock())
+        holder: list = []  # the slot this generation runs in, once it has one
+        prefer = None
+        key = request.supersede_key
+        if key is not None:
+            older = self._superseding.get(key)
+            if older is not None:
+                older_cancel, older_holder = older
+                if not older_cancel.cancelled:
+                    older_cancel.cancel("superseded by a newer request")
+                    self.superseded += 1
+                prefer = older_holder[0] if older_holder else None
+            self._superseding[key] = (cancel, holder)
+        cancel.listeners.append(lambda: self._gate.drop(claim))
+        return Generation(self._run(request, cancel, stats, claim, holder, prefer), stats)
 
     @property
     def forward_calls(self) -> int:
@@ -204,50 +305,229 @@ class Engine:
         """The model's logits: token ids 0..vocab_size-1."""
         return self.model.info.vocab_size
 
-    @property
-    def waiting(self) -> int:
-        """Requests waiting in line for the engine."""
-        return self._line.waiting
-
-    def _acquire(self, cancel: CancelToken, stats: GenerationStats) -> bool:
-        """Wait in line for the engine; False if the client left meanwhile."""
+    # -- one request
+    def _run(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats, claim: Claim,
+             holder: list, prefer: Slot | None) -> Iterator[Event]:
         t0 = time.perf_counter()
         try:
-            got = self._line.acquire(lambda: cancel.cancelled, self.queue_timeout)
+            slot = self.slot_table.acquire(request.prompt, request.session_id, lambda: cancel.cancelled,
+                                           self.queue_timeout, prefer=prefer)
         finally:
             stats.queued_ms = (time.perf_counter() - t0) * 1000
-        if got is None:
+        if slot is None:
+            self._forget_key(request, holder)
             raise QueueTimeoutError(time.perf_counter() - t0)
-        if got and cancel.cancelled:  # gone while we were at the head of the line
-            self._line.release()
-            return False
-        return got
-
-    def _run(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats) -> Iterator[TokenEvent]:
-        if not self._acquire(cancel, stats):
+        if slot is False:
+            self._forget_key(request, holder)
             stats.finish_reason = "cancelled"
             return
+        holder.append(slot)
+        stats.slot = slot.index
+        slot.request = claim.seq
+        slot.prompt_tokens = len(request.prompt)
+        slot.cached_tokens = slot.processed = slot.generated = 0
         failed = False
         try:
-            self.generating = True
             self.requests_started += 1
-            yield from self._decode(request, cancel, stats)
+            yield from self._decode(slot, claim, request, cancel, stats, t0)
         except NativeError:
             failed = True
-            self._kv_tokens = []  # the cache may hold anything now
-            self.sessions.lost()
+            KvSessions.lost(slot)  # its caches may hold anything now
             raise
         finally:
-            self.prompt_progress = None
             try:
-                if not failed:  # the live state, on disk for later conversations and restarts
-                    self.sessions.persist_live(self._kv_tokens)
+                if not failed and self.sessions.disk is not None:  # its state, on disk for later and restarts
+                    self._with_step(slot, claim, None, self.sessions.persist_live, slot)
             finally:
-                self.generating = False
-                self._line.release()
+                self._forget_key(request, holder)
+                self.slot_table.release(slot)
             for observe in self.observers:
                 observe(stats)
 
+    def _forget_key(self, request: GenerationRequest, holder: list) -> None:
+        key = request.supersede_key
+        if key is not None:
+            entry = self._superseding.get(key)
+            if entry is not None and entry[1] is holder:
+                del self._superseding[key]
+
+    def _with_step(self, slot: Slot, claim: Claim, cancel: CancelToken | None, fn: Callable, *args):
+        """Run `fn` as one step of this sequence: wait for its turn (_CANCELLED if its request
+        was cancelled meanwhile), select its slot in the runtime, run, hand the turn on."""
+        gave_up = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
+        if (cancel is not None and cancel.cancelled) or not self._gate.acquire(claim, gave_up):
+            return _CANCELLED
+        t = time.perf_counter()
+        try:
+            if len(self.slot_table) > 1:
+                self.model.select_slot(slot.index)
+            return fn(*args)
+        finally:
+            self._gate.release(claim, time.perf_counter() - t)
+
+    def _prepare(self, slot: Slot, request: GenerationRequest) -> int:
+        """Under the gate, the slot selected: make its cache ready for the prompt (a session's
+        saved state, or a longer shared prefix another slot holds); returns the prompt tokens
+        it already holds."""
+        prompt = request.prompt
+        slot.tokens = self.sessions.switch(slot, prompt, request.session_id, self.prefix_reuse)
+        pos = self._reusable_prefix(slot.tokens, prompt)
+        if self.prefix_reuse and len(self.slot_table) > 1:
+            limit = len(prompt) - 1
+            donor, n = None, pos
+            for other in self.slots:
+                if other is not slot and (k := common_prefix(prompt, other.tokens, limit)) > n:
+                    donor, n = other, k
+            if donor is not None and n - pos >= 16:  # worth a copy rather than a recompute
+                self._offload(self.model.copy_slot, donor.index, slot.index, n)
+                slot.tokens = list(donor.tokens[:n])
+                pos = n
+        slot.tokens = slot.tokens[:pos]
+        return pos
+
+    def _reusable_prefix(self, kv: list[int], prompt: list[int]) -> int:
+        if not self.prefix_reuse:
+            return 0
+        return common_prefix(prompt, kv, len(prompt) - 1)  # the last prompt token is always run
+
+    def _decode(self, slot: Slot, claim: Claim, request: GenerationRequest, cancel: CancelToken,
+                stats: GenerationStats, arrived: float) -> Iterator[Event]:
+        model, prompt, sampling = self.model, request.prompt, request.sampling
+        rng = sampling.initial_rng_state()
+        slot.task = "prefill"
+        pos = self._with_step(slot, claim, cancel, self._prepare, slot, request)
+        if pos is _CANCELLED:
+            stats.finish_reason = "cancelled"
+            return
+        started = slot.started = time.perf_counter()
+        stats.queued_ms = (started - arrived) * 1000
+        stats.cached_tokens = slot.cached_tokens = slot.processed = pos
+        history = list(prompt) if sampling.uses_history else []
+        constraint = request.constraint.matcher() if request.constraint is not None else None
+
+        def progress() -> PromptProgress:
+            slot.processed = pos
+            return PromptProgress(len(prompt), stats.cached_tokens, pos, int((time.perf_counter() - started) * 1000))
+
+        first = progress()
+        if request.report_progress:
+            yield first
+        t0 = time.perf_counter()
+        event = None
+        while pos < len(prompt):
+            chunk = prompt[pos : pos + self.prefill_chunk]
+            last = pos + len(chunk) == len(prompt)
+            if last:
+                out = self._with_step(slot, claim, cancel, self._sample_step, chunk, pos, request, rng, history,
+                                      constraint)
+            else:
+                out = self._with_step(slot, claim, cancel, self._offload, model.forward, chunk, pos)
+            if out is _CANCELLED:
+                stats.finish_reason = "cancelled"
+                return
+            if last:
+                event, rng = out
+            slot.tokens.extend(chunk)
+            pos += len(chunk)
+            update = progress()
+            if request.report_progress:
+                yield update
+        t1 = time.perf_counter()
+        stats.prompt_ms = (t1 - t0) * 1000
+        slot.task = "decode"
+        claim.decoding = True
+
+        if self.context_shift:
+            max_new = request.max_tokens
+            keep = self.keep if self.keep >= 0 else (request.keep or 0)
+            keep = max(0, min(keep, len(prompt), self.context_length - 4))
+        else:
+            max_new = min(request.max_tokens, self.context_length - len(prompt))
+        try:
+            while True:
+                stats.completion_tokens += 1
+                slot.generated = stats.completion_tokens
+                yield event
+                token = event.token_id
+                if token in request.stop_token_ids:
+                    stats.finish_reason = "stop"
+                    return
+                if stats.completion_tokens >= max_new:
+                    stats.finish_reason = "length"
+                    return
+                if cancel.cancelled:
+                    stats.finish_reason = "cancelled"
+                    return
+                if sampling.uses_history:
+                    history.append(token)
+                if pos >= self.context_length:  # no position left for `token`: only with context_shift
+                    shifted = self._shift(slot, claim, token, keep, request, rng, history, constraint, cancel)
+                    if shifted is None:
+                        stats.finish_reason = "cancelled"
+                        return
+                    event, rng = shifted
+                    pos = len(slot.tokens)
+                    stats.context_shifts += 1
+                    continue
+                out = self._with_step(slot, claim, cancel, self._sample_step, [token], pos, request, rng, history,
+                                      constraint)
+                if out is _CANCELLED:
+                    stats.finish_reason = "cancelled"
+                    return
+                event, rng = out
+                slot.tokens.append(token)
+                pos += 1
+        finally:
+            stats.decode_ms = (time.perf_counter() - t1) * 1000
+
+    def _shift(self, slot: Slot, claim: Claim, token: int, keep: int, request: GenerationRequest, rng: int,
+               history: list[int], constraint: TokenConstraint | None,
+               cancel: CancelToken) -> tuple[TokenEvent, int] | None:
+        """Context shift: keep the first `keep` cached tokens, drop the oldest half of the rest,
+        and read what remains (and `token`) again after the kept ones, as a fresh prompt would be.
+
+        The kept tokens' keys and values stay where they are (a fresh run computes the same);
+        the others are computed again at their new positions (exact, where moving cached
+        keys would need their rotary embedding undone). None if cancelled meanwhile."""
+        kv = slot.tokens
+        discard = (len(kv) - keep) // 2
+        rest = kv[keep + discard :] + [token]
+        slot.tokens = kv[:keep]
+        if request.sampling.uses_history:  # as a fresh run on the kept tokens would see them
+            history[:] = slot.tokens + rest
+        pos = keep
+        while True:
+            chunk = rest[: self.prefill_chunk]
+            rest = rest[len(chunk) :]
+            if not rest:
+                out = self._with_step(slot, claim, cancel, self._sample_step, chunk, pos, request, rng, history,
+                                      constraint)
+                if out is _CANCELLED:
+                    return None
+                slot.tokens.extend(chunk)
+                return out
+            out = self._with_step(slot, claim, cancel, self._offload, self.model.forward, chunk, pos)
+            if out is _CANCELLED:
+                return None
+            slot.tokens.extend(chunk)
+            pos += len(chunk)
+
+    def _sample_step(self, tokens: list[int], pos: int, request: GenerationRequest, rng: int,
+                     history: list[int], constraint: TokenConstraint | None) -> tuple[TokenEvent, int]:
+        return self._offload(self._step, tokens, pos, request, rng, history, constraint)
+
+    def _step(self, tokens: list[int], pos: int, request: GenerationRequest, rng: int,
+              history: list[int], constraint: TokenConstraint | None) -> tuple[TokenEvent, int]:
+        """One forward call and one sample (within the grammar, if any), run off the event loop."""
+        self.model.forward(tokens, pos)
+        allowed = constraint.allowed() if constraint is not None else None
+        token, logprob, rng = self.model.sample(request.sampling, rng, history, allowed)
+        if constraint is not None:
+            constraint.accept(token)
+        top = tuple(self.model.top_logprobs(request.top_logprobs)) if request.top_logprobs else ()
+        return TokenEvent(token, logprob, top), rng
+
+    # -- sessions
     def flush_sessions(self, timeout: float | None) -> bool:
         """At worker exit: wait until the session states queued for --session-dir are on disk
         (they are written in the background after each generation). False if some were not in
@@ -268,10 +548,10 @@ class Engine:
 
     def drop_session(self, session_id: str) -> bool:
         """DELETE a session: its saved state goes; False if the engine never heard of it."""
-        return self.sessions.forget(session_id)
+        return self.sessions.forget(session_id, self.slots)
 
     def session_entries(self) -> list[dict]:
-        return self.sessions.entries(len(self._kv_tokens))
+        return self.sessions.entries(self.slots)
 
     def sessions_report(self) -> dict:
         """What GET /v1/sessions shows: the saved sessions, and whether and why sessions are off."""
@@ -283,173 +563,3 @@ class Engine:
             "max_bytes": sessions.cache.max_bytes,
             "used_bytes": sessions.cache.used_bytes,
         }
-
-    def _reusable_prefix(self, prompt: list[int]) -> int:
-        if not self.prefix_reuse:
-            return 0
-        n = 0
-        limit = min(len(prompt) - 1, len(self._kv_tokens))  # the last prompt token is always run
-        while n < limit and prompt[n] == self._kv_tokens[n]:
-            n += 1
-        return n
-
-    def _decode(self, request: GenerationRequest, cancel: CancelToken, stats: GenerationStats) -> Iterator[Event]:
-        model, prompt, sampling = self.model, request.prompt, request.sampling
-        rng = sampling.initial_rng_state()
-        started = time.perf_counter()
-        self._kv_tokens = self.sessions.switch(self._kv_tokens, prompt, request.session_id, self.prefix_reuse)
-        pos = self._reusable_prefix(prompt)
-        stats.cached_tokens = pos
-        self._kv_tokens = self._kv_tokens[:pos]
-        history = list(prompt) if sampling.uses_history else []
-        constraint = request.constraint.matcher() if request.constraint is not None else None
-
-        def progress() -> PromptProgress:
-            self.prompt_progress = PromptProgress(len(prompt), stats.cached_tokens, pos,
-                                                  int((time.perf_counter() - started) * 1000))
-            return self.prompt_progress
-
-        first = progress()
-        if request.report_progress:
-            yield first
-        t0 = time.perf_counter()
-        while pos < len(prompt):
-            if cancel.cancelled:
-                stats.finish_reason = "cancelled"
-                return
-            chunk = prompt[pos : pos + self.prefill_chunk]
-            last = pos + len(chunk) == len(prompt)
-            if last:
-                event, rng = self._offload(self._step, chunk, pos, request, rng, history, constraint)
-            else:
-                self._offload(model.forward, chunk, pos)
-            self._kv_tokens.extend(chunk)
-            pos += len(chunk)
-            update = progress()
-            if request.report_progress:
-                yield update
-        t1 = time.perf_counter()
-        stats.prompt_ms = (t1 - t0) * 1000
-        self.prompt_progress = None
-
-        if self.context_shift:
-            max_new = request.max_tokens
-            keep = self.keep if self.keep >= 0 else (request.keep or 0)
-            keep = max(0, min(keep, len(prompt), self.context_length - 4))
-        else:
-            max_new = min(request.max_tokens, self.context_length - len(prompt))
-        try:
-            while True:
-                stats.completion_tokens += 1
-                yield event
-                token = event.token_id
-                if token in request.stop_token_ids:
-                    stats.finish_reason = "stop"
-                    return
-                if stats.completion_tokens >= max_new:
-                    stats.finish_reason = "length"
-                    return
-                if cancel.cancelled:
-                    stats.finish_reason = "cancelled"
-                    return
-                if sampling.uses_history:
-                    history.append(token)
-                if pos >= self.context_length:  # no position left for `token`: only with context_shift
-                    shifted = self._shift(token, keep, request, rng, history, constraint, cancel)
-                    if shifted is None:
-                        stats.finish_reason = "cancelled"
-                        return
-                    event, rng = shifted
-                    pos = len(self._kv_tokens)
-                    stats.context_shifts += 1
-                    continue
-                event, rng = self._offload(self._step, [token], pos, request, rng, history, constraint)
-                self._kv_tokens.append(token)
-                pos += 1
-        finally:
-            stats.decode_ms = (time.perf_counter() - t1) * 1000
-
-    def _shift(self, token: int, keep: int, request: GenerationRequest, rng: int, history: list[int],
-               constraint: TokenConstraint | None, cancel: CancelToken) -> tuple[TokenEvent, int] | None:
-        """Context shift: keep the first `keep` cached tokens, drop the oldest half of the rest,
-        and read what remains (and `token`) again after the kept ones, as a fresh prompt would be.
-
-        The kept tokens' keys and values stay where they are (a fresh run computes the same);
-        the others are computed again at their new positions (exact, where moving cached
-        keys would need their rotary embedding undone). None if cancelled meanwhile."""
-        kv = self._kv_tokens
-        discard = (len(kv) - keep) // 2
-        rest = kv[keep + discard :] + [token]
-        self._kv_tokens = kv[:keep]
-        if request.sampling.uses_history:  # as a fresh run on the kept tokens would see them
-            history[:] = self._kv_tokens + rest
-        pos = keep
-        while True:
-            if cancel.cancelled:
-                return None
-            chunk = rest[: self.prefill_chunk]
-            rest = rest[len(chunk) :]
-            if not rest:
-                event, rng = self._offload(self._step, chunk, pos, request, rng, history, constraint)
-                self._kv_tokens.extend(chunk)
-                return event, rng
-            self._offload(self.model.forward, chunk, pos)
-            self._kv_tokens.extend(chunk)
-            pos += len(chunk)
-
-    def _step(self, tokens: list[int], pos: int, request: GenerationRequest, rng: int,
-              history: list[int], constraint: TokenConstraint | None) -> tuple[TokenEvent, int]:
-        """One forward call and one sample (within the grammar, if any), run off the event loop."""
-        self.model.forward(tokens, pos)
-        allowed = constraint.allowed() if constraint is not None else None
-        token, logprob, rng = self.model.sample(request.sampling, rng, history, allowed)
-        if constraint is not None:
-            constraint.accept(token)
-        top = tuple(self.model.top_logprobs(request.top_logprobs)) if request.top_logprobs else ()
-        return TokenEvent(token, logprob, top), rng
-
-
-class _FifoLock:
-    """A lock whose waiters get it in arrival order: a release hands it to the oldest waiter.
-
-    (threading.Lock promises no order: a request that arrived later could overtake.)
-    Under gevent, threading is monkey-patched and the events are gevent's.
-    """
-
-    _POLL_S = 0.25  # how often a waiter checks whether its client left
-
-    def __init__(self):
-        self._mutex = threading.Lock()  # guards the fields below, held only briefly
-        self._held = False
-        self._line: deque[threading.Event] = deque()  # oldest first
-
-    @property
-    def waiting(self) -> int:
-        return len(self._line)
-
-    def acquire(self, gave_up: Callable[[], bool], timeout: float) -> bool | None:
-        """True once the lock is ours; False if `gave_up()` turned true while waiting;
-        None after `timeout` seconds in line."""
-        with self._mutex:
-            if not self._held and not self._line:
-                self._held = True
-                return True
-            turn = threading.Event()
-            self._line.append(turn)
-        deadline = time.perf_counter() + timeout
-        while not turn.wait(self._POLL_S):
-            left = gave_up()
-            if left or time.perf_counter() > deadline:
-                with self._mutex:
-                    if not turn.is_set():  # still in line: leave it
-                        self._line.remove(turn)
-                        return False if left else None
-                break  # handed over meanwhile: the lock is ours (the caller checks its client again)
-        return True
-
-    def release(self) -> None:
-        with self._mutex:
-            if self._line:
-                self._line.popleft().set()  # ownership passes straight to the oldest waiter
-            else:
-                self._held = False

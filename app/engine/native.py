@@ -151,6 +151,12 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "ets_kv_info": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]),
         "ets_kv_snapshot": (ctypes.c_int, [p_model, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t]),
         "ets_kv_restore": (ctypes.c_int, [p_model, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t]),
+        "ets_kv_slots": (ctypes.c_int, [p_model, ctypes.c_int]),
+        "ets_kv_slot_count": (ctypes.c_int, [p_model]),
+        "ets_kv_select": (ctypes.c_int, [p_model, ctypes.c_int]),
+        "ets_kv_copy": (ctypes.c_int, [p_model, ctypes.c_int, ctypes.c_int, ctypes.c_int64]),
+        "ets_kv_slot_memory": (ctypes.c_int, [p_model, ctypes.c_int] + [ctypes.POINTER(ctypes.c_int64)] * 2),
+        "ets_kv_slot_release": (ctypes.c_int, [p_model, ctypes.c_int]),
         "ets_sample": (
             ctypes.c_int,
             [p_model, ctypes.POINTER(_Sampling), ctypes.POINTER(ctypes.c_uint64),
@@ -345,6 +351,35 @@ class NativeModel:
         else:
             ptr = snapshot
         self._check(self._lib.ets_kv_restore(self._handle, n_positions, ptr, size))
+
+    # sequence slots (etserve.h ets_kv_slots ...): several KV states, switched by pointer
+    def set_slots(self, n: int) -> None:
+        """Make `n` slots (slot 0: the program's own caches). Needs the caches found (one
+        forward call): NativeError STATE before, UNSUPPORTED for models that cannot switch."""
+        self._check(self._lib.ets_kv_slots(self._handle, n))
+
+    @property
+    def slot_count(self) -> int:
+        return self._lib.ets_kv_slot_count(self._handle)
+
+    def select_slot(self, slot: int) -> None:
+        """Forward calls and snapshots act on `slot` from now on (the last logits are dropped)."""
+        self._check(self._lib.ets_kv_select(self._handle, slot))
+
+    def copy_slot(self, src: int, dst: int, n_positions: int) -> None:
+        """Positions 0..n_positions-1 of every cache from slot `src` into slot `dst`."""
+        self._check(self._lib.ets_kv_copy(self._handle, src, dst, n_positions))
+
+    def slot_memory(self, slot: int) -> tuple[int, int]:
+        """(bytes mapped for the slot, bytes of them in memory now); (0, 0) for slot 0."""
+        reserved, resident = ctypes.c_int64(), ctypes.c_int64()
+        self._check(self._lib.ets_kv_slot_memory(self._handle, slot, ctypes.byref(reserved),
+                                                 ctypes.byref(resident)))
+        return reserved.value, resident.value
+
+    def release_slot(self, slot: int) -> None:
+        """Give the slot's memory back; what it held is gone."""
+        self._check(self._lib.ets_kv_slot_release(self._handle, slot))
 
     def memory(self) -> MemoryInfo:
         """Where the model's memory is: its planned buffers and how much of them, and of what

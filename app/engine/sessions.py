@@ -506,17 +506,18 @@ def _unlink(path: Path) -> None:
 
 
 class KvSessions:
-    """Which session the live KV cache belongs to, and moving states in and out of it.
+    """Which session each slot's KV state belongs to, and moving states in and out of slots.
 
-    Used by the Engine under its lock: `switch` runs before a request's prefill,
-    `persist_live` after its generation, `forget` from any thread (DELETE). Native
-    calls go through `offload`. With `disk`, states are also kept in files (DiskSessions).
+    A slot (slots.Slot) has `tokens` (what its caches hold) and `owner` (the session). Used by
+    the Engine while it holds the step gate with that slot selected in the runtime: `switch`
+    runs before a request's prefill, `persist_live` after its generation; `forget` from any
+    thread (DELETE). Native calls go through `offload`. With `disk`, states are also kept in
+    files (DiskSessions).
     """
 
     def __init__(self, model, max_bytes: int, offload, log=None, disk: DiskSessions | None = None):
         self.model = model
         self.cache = SessionCache(max_bytes)
-        self.owner: str | None = None  # whose conversation the live cache holds
         self._offload = offload
         self._log = log
         self.disk = disk
@@ -576,19 +577,22 @@ class KvSessions:
         self._usable = True
         return True
 
-    def lost(self) -> None:
-        """The live cache holds nothing reliable (a native call failed)."""
-        self.owner = None
+    @staticmethod
+    def lost(slot) -> None:
+        """The slot's caches hold nothing reliable (a native call failed)."""
+        slot.owner = None
+        slot.tokens = []
 
-    def forget(self, session_id: str) -> bool:
-        """Drops a session's saved state (in memory and on disk) and its claim on the live
-        cache; False if unknown."""
+    def forget(self, session_id: str, slots=()) -> bool:
+        """Drops a session's saved state (in memory and on disk) and its claim on any slot;
+        False if unknown."""
         known = self.cache.pop(session_id) is not None
         if self.disk is not None and self.disk.forget_session(session_id):
             known = True
-        if self.owner == session_id:
-            self.owner = None
-            known = True
+        for slot in slots:
+            if slot.owner == session_id:
+                slot.owner = None
+                known = True
         return known
 
     def _evicted(self, session_id: str, snap: Snapshot) -> None:
@@ -599,8 +603,10 @@ class KvSessions:
 
             disk.submit(snap.tokens, snap.data, session_id, spawn, self._offload)
 
-    def persist_live(self, live: list[int]) -> None:
-        """After a generation: the live state to disk (in the background), unless it is there."""
+    def persist_live(self, slot) -> None:
+        """After a generation: the slot's state (selected in the runtime) to disk, in the
+        background, unless it is there."""
+        live = slot.tokens
         disk = self.disk
         if disk is None or not live or not self.usable():
             return
@@ -616,23 +622,25 @@ class KvSessions:
             if self._log is not None:
                 self._log.warning("could not snapshot the KV cache for the session directory: %s", e)
             return
-        disk.submit(tokens, data, self.owner, spawn, self._offload)
+        disk.submit(tokens, data, slot.owner, spawn, self._offload)
 
-    def switch(self, live: list[int], prompt: list[int], session_id: str | None, reuse: bool) -> list[int]:
-        """Make the live cache ready for a request of `session_id` (None: anonymous).
+    def switch(self, slot, prompt: list[int], session_id: str | None, reuse: bool) -> list[int]:
+        """Make the slot (selected in the runtime) ready for a request of `session_id`
+        (None: anonymous); the slot then belongs to that session.
 
-        Saves the live state under its owner if this request is about to change it,
+        Saves the slot's state under its owner if this request is about to change it,
         restores the saved state that shares the most tokens with the prompt when that
-        beats what the live cache shares with it, and returns the tokens the live
-        cache then holds. The caller's prefix matching continues from there.
+        beats what the slot shares with it, and returns the tokens the slot then
+        holds. The caller's prefix matching continues from there.
 
         Candidates: for a session, its own state (in memory, else on disk); for an
         anonymous request, or a session with no state anywhere, every saved state in
         memory and on disk.
         """
-        if not self.enabled or (session_id is not None and session_id == self.owner):
+        live = slot.tokens
+        if not self.enabled or (session_id is not None and session_id == slot.owner):
             return live
-        owner = self.owner
+        owner = slot.owner
         limit = len(prompt) - 1  # the last prompt token is always run
         source: Snapshot | None = None
         entry: DiskEntry | None = None  # a state on disk to restore instead
@@ -669,10 +677,10 @@ class KvSessions:
                     self.cache.pop(owner)
                     reuse_buffer = stored.data
                 data = self._offload(self.model.kv_snapshot, len(live), reuse_buffer)
-                if self.owner == owner:  # not deleted meanwhile
+                if slot.owner == owner:  # not deleted meanwhile
                     self.cache.put(owner, Snapshot(tuple(live), data))
                     self.saves += 1
-        self.owner = session_id
+        slot.owner = session_id
         if entry is not None and self.usable():
             data = self.disk.load(entry, self._offload)
             if data is not None:
@@ -697,12 +705,17 @@ class KvSessions:
             return list(source.tokens[:n])
         return live
 
-    def entries(self, live_tokens: int) -> list[dict]:
-        """Saved sessions, most recent first; the live owner (holding `live_tokens`) marked,
-        and listed even if its state was never saved."""
+    def entries(self, slots=()) -> list[dict]:
+        """Saved sessions, most recent first; those a slot holds marked live (with the slot),
+        and listed even if their state was never saved."""
+        held = {s.owner: s for s in slots if s.owner is not None}
         out = []
         for e in self.cache.entries():
-            out.append({"id": e.id, "tokens": e.tokens, "bytes": e.bytes, "live": e.id == self.owner})
-        if self.owner is not None and self.owner not in self.cache:
-            out.insert(0, {"id": self.owner, "tokens": live_tokens, "bytes": 0, "live": True})
+            slot = held.get(e.id)
+            out.append({"id": e.id, "tokens": e.tokens, "bytes": e.bytes, "live": slot is not None,
+                        "slot": slot.index if slot is not None else None})
+        for owner, slot in held.items():
+            if owner not in self.cache:
+                out.insert(0, {"id": owner, "tokens": len(slot.tokens), "bytes": 0, "live": True,
+                               "slot": slot.index})
         return out

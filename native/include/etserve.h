@@ -153,6 +153,36 @@ ETS_API int ets_kv_snapshot(ets_model* m, int64_t n_positions, void* out, size_t
  * n_positions. The last logits are dropped. */
 ETS_API int ets_kv_restore(ets_model* m, int64_t n_positions, const void* in, size_t in_len);
 
+/* Sequence slots: several KV states on one weight load, for serving several
+ * requests a step at a time. Slot 0 is the program's own caches; slots
+ * 1..n-1 are buffers of the same shapes, memory used only as their positions
+ * are written. Forward calls and the ets_kv_snapshot / ets_kv_restore calls
+ * act on the selected slot (0 until another is selected); switching is a
+ * pointer change, nothing is copied. Needs the caches discovered (as the
+ * snapshots do): ETS_ERR_STATE before the first forward call, ETS_ERR_UNSUPPORTED
+ * for models whose caches cannot be switched.
+ *
+ * ets_kv_slots: makes n >= 1 slots (fewer than now frees the last ones).
+ * ets_kv_slot_count: how many there are (1 until ets_kv_slots). */
+ETS_API int ets_kv_slots(ets_model* m, int n);
+ETS_API int ets_kv_slot_count(const ets_model* m);
+
+/* Selects the slot the next forward calls and snapshots use. The last logits
+ * are dropped when the slot changes. */
+ETS_API int ets_kv_select(ets_model* m, int slot);
+
+/* Copies positions [0, n_positions) of every cache from slot `src` to slot
+ * `dst` (a shared prompt prefix handed to another slot). */
+ETS_API int ets_kv_copy(ets_model* m, int src, int dst, int64_t n_positions);
+
+/* A slot's buffers: bytes mapped for it and bytes of those in memory now
+ * (both 0 for slot 0, whose caches are part of the planned memory). */
+ETS_API int ets_kv_slot_memory(const ets_model* m, int slot, int64_t* reserved, int64_t* resident);
+
+/* Gives a slot's memory back to the system; what it held is gone (zeros).
+ * A no-op for slot 0. */
+ETS_API int ets_kv_slot_release(ets_model* m, int slot);
+
 #ifdef __cplusplus
 }
 #endif

@@ -141,6 +141,13 @@ void copy_rows_in(const KvCacheView& c, int64_t n, const char* src) {
   }
 }
 
+// A cache as the selected slot holds it (kv_slots.h).
+KvCacheView in_active_slot(const ets_model* m, const KvCacheView& c) {
+  KvCacheView v = c;
+  v.data = m->slots.data_of(c.data, m->slots.active());
+  return v;
+}
+
 // ETS_OK if the model's caches are known and usable, else the error code with
 // the reason in m->error.
 int kv_ready(ets_model* m) {
@@ -202,7 +209,8 @@ int ets_kv_snapshot(ets_model* m, int64_t n_positions, void* out, size_t out_len
                                                  std::to_string(need) + " are needed");
   }
   char* dst = static_cast<char*>(out);
-  for (const KvCacheView& c : m->kv.caches) {
+  for (const KvCacheView& base : m->kv.caches) {
+    const KvCacheView c = in_active_slot(m, base);
     const KvLayout l = m->kv_layouts.of(c.data);
     if (l != KvLayout::kRows) {
       tiled_rows_out(c, l, n_positions, dst);
@@ -232,7 +240,8 @@ int ets_kv_restore(ets_model* m, int64_t n_positions, const void* in, size_t in_
                                              " were asked for");
   }
   const char* src = static_cast<const char*>(in);
-  for (const KvCacheView& c : m->kv.caches) {
+  for (const KvCacheView& base : m->kv.caches) {
+    const KvCacheView c = in_active_slot(m, base);
     const KvLayout l = m->kv_layouts.of(c.data);
     if (l != KvLayout::kRows) {
       tiled_rows_in(c, l, n_positions, src);

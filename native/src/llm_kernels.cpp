@@ -4,6 +4,7 @@
 #include "attention.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
+#include "kv_slots.h"
 
 #include <algorithm>
 #include <cmath>
@@ -56,7 +57,7 @@ bool copy_into_cache(KernelRuntimeContext& ctx, const char* op, const Tensor& va
   const int64_t B = value.size(0), H = value.size(2), D = value.size(3);
   const size_t es = value.element_size();
   const char* src = static_cast<const char*>(value.const_data_ptr());
-  char* dst = static_cast<char*>(cache.mutable_data_ptr());
+  char* dst = static_cast<char*>(kv_resolve(cache.mutable_data_ptr()));  // the selected slot's
   const auto vs = value.strides();
   const auto cs = cache.strides();
   const KvLayouts* layouts = current_kv_layouts();
@@ -115,18 +116,19 @@ bool quant_operand(KernelRuntimeContext& ctx, const char* op, const char* name, 
                         (long long)t.size(0), (long long)t.size(1), (long long)t.size(2));
   }
   const auto ts = t.strides(), ss = sc->strides(), zs = zp->strides();
-  x->i8 = t.const_data_ptr<int8_t>();
+  // caches (and their scales and zero points) in the selected slot's buffers; the query as it is
+  x->i8 = static_cast<const int8_t*>(kv_resolve(t.const_data_ptr()));
   x->sb = ts[0], x->ss = ts[1], x->sh = ts[2];
-  x->scale = sc->const_data_ptr<float>();
+  x->scale = static_cast<const float*>(kv_resolve(sc->const_data_ptr()));
   x->sc_sb = ss[0], x->sc_ss = ss[1], x->sc_sh = ss[2];
-  x->zero_point = zp->const_data_ptr<int8_t>();
+  x->zero_point = static_cast<const int8_t*>(kv_resolve(zp->const_data_ptr()));
   x->zp_sb = zs[0], x->zp_ss = zs[1], x->zp_sh = zs[2];
   return true;
 }
 
 void f32_operand(const Tensor& t, AttnOperand* x) {
   const auto ts = t.strides();
-  x->f32 = t.const_data_ptr<float>();
+  x->f32 = static_cast<const float*>(kv_resolve(t.const_data_ptr()));  // a cache: the slot's
   x->sb = ts[0], x->ss = ts[1], x->sh = ts[2];
 }
 
@@ -151,7 +153,7 @@ void choose_layouts(const Tensor& kc, const Tensor& vc, AttnOperand* k, AttnOper
     KvLayout tiled;
   } caches[2] = {{&kc, k, KvLayout::kKeyTiles}, {&vc, v, KvLayout::kValueTiles}};
   for (const auto& c : caches) {
-    int8_t* data = static_cast<int8_t*>(c.t->mutable_data_ptr());
+    int8_t* data = static_cast<int8_t*>(kv_resolve(c.t->mutable_data_ptr()));
     const KvLayout now = layouts->of(data);
     const KvLayout to = want ? c.tiled : KvLayout::kRows;
     if (now != to) {

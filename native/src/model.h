@@ -4,6 +4,7 @@
 #include "etserve.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
+#include "kv_slots.h"
 
 #include <executorch/extension/module/module.h>
 
@@ -62,6 +63,7 @@ struct ets_model {
   std::string error;
   etserve::KvRecorder kv;  // its KV caches, found by the first forward call
   etserve::KvLayouts kv_layouts;  // those its AMX attention keeps in tile layout
+  etserve::KvSlots slots;  // its sequence slots (kv_slots.h): which KV state a forward call uses
 
   bool read_metadata(std::string* why);
   int forward(const int64_t* tokens, int64_t n, int64_t start_pos);

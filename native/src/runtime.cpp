@@ -472,6 +472,7 @@ int ets_model::forward(const int64_t* tokens, int64_t n, int64_t start_pos) {
 
   etserve::KvRecordScope recording(&kv);  // the kernels report the caches they write
   etserve::KvLayoutScope layouts(&kv_layouts);  // and keep or find them in their layouts
+  etserve::KvSlotScope slot(&slots);  // in the selected slot's buffers
   etserve::log_capture_begin();
   auto result = module->forward({EValue(tokens_t), EValue(pos_t)});
   std::string captured = etserve::log_capture_end();

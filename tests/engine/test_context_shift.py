@@ -70,7 +70,7 @@ def test_generation_goes_past_the_context_and_equals_a_fresh_run_on_the_kept_tok
 
     fresh_prompt, t, discard = kept_tokens(ids, out, context, keep)
     assert fresh_prompt[:keep] == ids[:keep]  # the system prompt is still there
-    live = engine._kv_tokens  # what the engine says its cache holds now
+    live = engine.slots[0].tokens  # what the engine says its cache holds now
     assert live == fresh_prompt + out[t:-1]
     fresh = Engine(model, prefix_reuse=False, session_cache_mib=0)
     expected, _ = generate(fresh, fresh_prompt, len(out) - t, logprobs=fresh_logprobs)
@@ -94,7 +94,7 @@ def test_shifts_repeat(model, served_model):
     assert len(out) == max_tokens and stats.context_shifts == 3
     # the cache the engine describes is what a fresh run on those tokens computes: continuing
     # from it (prefix reuse) gives the tokens a cold engine gives
-    live = list(engine._kv_tokens)
+    live = list(engine.slots[0].tokens)
     assert live[:keep] == ids[:keep] and live[-5:] == out[-6:-1]
     cont, stats = generate(engine, live[:480], 5)
     assert stats.cached_tokens == 479

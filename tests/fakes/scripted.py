@@ -146,7 +146,6 @@ class ScriptedRuntime:
                               max_prefill_len=max_prefill_len, bos_id=None, eos_ids=eos_ids, dynamic_shape=True)
         self.tokenizer = tokenizer
         self.script = script
-        self.kv: list[int] = []  # the tokens at positions 0..len-1, as a real KV cache would hold them
         self.prompts: list[str] = []  # each generation's prompt text, in the order they ran
         self.masked = 0
         self.forward_calls = 0
@@ -154,13 +153,23 @@ class ScriptedRuntime:
         self.fail_next_forward: str | None = None  # the next forward raises NativeError with this text
         self._gate = threading.Event()
         self._gate.set()
-        self._reply: list[int] = []
-        self._then = "eos"
-        self._emitted = 0
-        self._last: int | None = None
-        self._prompt_end = 0
-        self._has_logits = False
+        self._seqs = [_Sequence()]  # one per sequence slot, as a real runtime keeps a KV state per slot
+        self._slot = 0
         self._kv_seen = False
+
+    # the selected slot's state
+    @property
+    def _seq(self) -> "_Sequence":
+        return self._seqs[self._slot]
+
+    @property
+    def kv(self) -> list[int]:
+        """The tokens at positions 0..len-1 of the selected slot, as a real KV cache would hold them."""
+        return self._seq.kv
+
+    @kv.setter
+    def kv(self, value: list[int]) -> None:
+        self._seq.kv = value
 
     # -- test controls
     def hold(self) -> None:
@@ -181,8 +190,8 @@ class ScriptedRuntime:
             raise NativeError(f"forward of {len(tokens)} tokens", 1)
         if start_pos > len(self.kv) or start_pos + len(tokens) > self.info.max_seq_len:
             raise NativeError(f"forward at {start_pos} with {len(self.kv)} positions filled", 2)
-        decode = (len(tokens) == 1 and tokens[0] == self._last and start_pos == len(self.kv)
-                  and start_pos >= self._prompt_end and self._has_logits)
+        decode = (len(tokens) == 1 and tokens[0] == self._seq.last and start_pos == len(self.kv)
+                  and start_pos >= self._seq.prompt_end and self._seq.has_logits)
         # (a new prompt that is exactly the last prompt plus its reply so far continues that reply,
         # as a real model would: the sequence is the state)
         del self.kv[start_pos:]
@@ -190,36 +199,36 @@ class ScriptedRuntime:
         self.forward_calls += 1
         self.forward_tokens += len(tokens)
         self._kv_seen = True
-        self._has_logits = True
+        self._seq.has_logits = True
         if not decode:  # a prompt (chunk): the reply starts after it
-            self._prompt_end = len(self.kv)
-            self._reply = []
+            self._seq.prompt_end = len(self.kv)
+            self._seq.reply = []
 
     def sample(self, params, rng_state: int, history: Sequence[int] = (),
                allowed: bytes | None = None) -> tuple[int, float, int]:
-        if not self._has_logits:
+        if not self._seq.has_logits:
             raise NativeError("no forward call has produced logits yet", 4)
-        if not self._reply:
-            prompt = self.kv[: self._prompt_end]
+        if not self._seq.reply:
+            prompt = self.kv[: self._seq.prompt_end]
             text = self.tokenizer.decode(prompt)
             self.prompts.append(text)
-            self._reply, self._then = self.script.tokens(Turn(text, tuple(prompt), rng_state))
-            if not self._reply:
-                self._reply = [self.script._eos]
-            self._emitted = 0
-        i = self._emitted
-        token = self._reply[i] if i < len(self._reply) else self._reply[-1]
+            self._seq.reply, self._seq.then = self.script.tokens(Turn(text, tuple(prompt), rng_state))
+            if not self._seq.reply:
+                self._seq.reply = [self.script._eos]
+            self._seq.emitted = 0
+        i = self._seq.emitted
+        token = self._seq.reply[i] if i < len(self._seq.reply) else self._seq.reply[-1]
         if allowed is not None and not _bit(allowed, token):
             self.masked += 1
             token = next(t for t in range(self.info.vocab_size) if _bit(allowed, t))
-        self._emitted += 1
-        self._last = token
+        self._seq.emitted += 1
+        self._seq.last = token
         return token, -0.5 * (i + 1), rng_state
 
     def top_logprobs(self, k: int) -> list[tuple[int, float]]:
         k = max(0, min(k, self.info.vocab_size))
-        first = self._last if self._last is not None else 0
-        lp = -0.5 * self._emitted
+        first = self._seq.last if self._seq.last is not None else 0
+        lp = -0.5 * self._seq.emitted
         return [((first + j) % self.info.vocab_size, lp - j) for j in range(k)]
 
     def logits(self):  # pragma: no cover - the engine never asks; here for the interface
@@ -241,10 +250,51 @@ class ScriptedRuntime:
         if len(snapshot) < 4 * n_positions:
             raise NativeError("the snapshot is shorter than the positions to restore", 1)
         self.kv = [int.from_bytes(snapshot[4 * i: 4 * i + 4], "little") for i in range(n_positions)]
-        self._has_logits = False
+        self._seq.has_logits = False
+
+    # sequence slots (NativeModel.set_slots ...)
+    def set_slots(self, n: int) -> None:
+        # (a real runtime needs one forward call first to find its caches; this one knows them)
+        self._seqs = self._seqs[:n] + [_Sequence() for _ in range(n - len(self._seqs))]
+        self._slot = min(self._slot, n - 1)
+
+    @property
+    def slot_count(self) -> int:
+        return len(self._seqs)
+
+    def select_slot(self, slot: int) -> None:
+        if not 0 <= slot < len(self._seqs):
+            raise NativeError(f"slot {slot} does not exist", 2)
+        if slot != self._slot:
+            self._seq.has_logits = False
+        self._slot = slot
+
+    def copy_slot(self, src: int, dst: int, n_positions: int) -> None:
+        self._seqs[dst].kv = list(self._seqs[src].kv[:n_positions])
+        self._seqs[dst].has_logits = False
+
+    def slot_memory(self, slot: int) -> tuple[int, int]:
+        return (0, 0) if slot == 0 else (4 * self.info.max_seq_len, 4 * len(self._seqs[slot].kv))
+
+    def release_slot(self, slot: int) -> None:
+        if slot:
+            self._seqs[slot] = _Sequence()
 
     def close(self) -> None:
         pass
+
+
+@dataclass
+class _Sequence:
+    """One slot's state in the fake runtime: its "KV cache" and the reply it is emitting."""
+
+    kv: list[int] = field(default_factory=list)
+    reply: list[int] = field(default_factory=list)
+    then: str = "eos"
+    emitted: int = 0
+    last: int | None = None
+    prompt_end: int = 0
+    has_logits: bool = False
 
 
 def _bit(mask: bytes, token: int) -> bool:

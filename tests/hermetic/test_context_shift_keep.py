@@ -16,7 +16,7 @@ def test_a_shift_keeps_the_system_turn():
         assert r.status_code == 200, r.text
         assert r.json["usage"]["completion_tokens"] == 150  # past the 96-token context: it shifted
         system_turn = fake.encode(fake.served.template.render([messages[0]], add_generation_prompt=False))
-        kept = fake.engine._kv_tokens[:len(system_turn)]
+        kept = fake.engine.slots[0].tokens[:len(system_turn)]
         assert len(system_turn) > 5 and kept == system_turn
     finally:
         fake.runtime.release()

@@ -94,7 +94,7 @@ def test_the_apps_own_413():
 
 
 def test_queue_full_is_429_with_retry_after():
-    fake = FakeModel(settings={"ETSERVE_MAX_QUEUE": "1"})
+    fake = FakeModel(settings={"ETSERVE_MAX_QUEUE": "1", "ETSERVE_PARALLEL": "1"})  # one slot: the next request waits
     client = fake.client()
     with engine_busy(fake, client) as running:
         waiting = Background(lambda: client.simulate_post("/v1/chat/completions", json={"messages": HELLO}))
@@ -109,7 +109,7 @@ def test_queue_full_is_429_with_retry_after():
 
 
 def test_queue_timeout_is_503():
-    fake = FakeModel(settings={"ETSERVE_QUEUE_TIMEOUT": "1"})
+    fake = FakeModel(settings={"ETSERVE_QUEUE_TIMEOUT": "1", "ETSERVE_PARALLEL": "1"})
     client = fake.client()
     with engine_busy(fake, client) as running:
         r = client.simulate_post("/v1/chat/completions", json={"messages": HELLO})

@@ -1,4 +1,6 @@
-"""The wait queue: requests are served in arrival order; a departed waiter never runs."""
+"""The wait queue for a slot: requests are served in arrival order; a departed waiter never runs.
+
+One slot here (ETSERVE_PARALLEL=1), so every request but the running one waits for it."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ from fakes.scripted import FakeModel
 
 from .background import Background, call_with_socket, wait_for
 
+ONE_SLOT = {"ETSERVE_PARALLEL": "1"}
+
 
 def test_waiting_requests_run_in_arrival_order():
-    fake = FakeModel(settings={"ETSERVE_MAX_QUEUE": "32"})
+    fake = FakeModel(settings={"ETSERVE_MAX_QUEUE": "32", **ONE_SLOT})
     client = fake.client()
     fake.runtime.hold()
     order = [f"request {i}" for i in range(12)]
@@ -32,7 +36,7 @@ def test_waiting_requests_run_in_arrival_order():
 
 
 def test_a_waiter_whose_client_left_never_runs_and_leaves_the_line():
-    fake = FakeModel()
+    fake = FakeModel(settings=ONE_SLOT)
     client = fake.client()
     fake.runtime.hold()
     server_end, client_end = socket.socketpair()
@@ -63,7 +67,7 @@ def test_a_newcomer_does_not_overtake_a_waiter_when_the_engine_frees_up():
     first. (A plain lock lets the newcomer barge in whenever it gets there before the waiter wakes.)"""
     from app.engine import GenerationRequest, SamplingParams
 
-    fake = FakeModel()
+    fake = FakeModel(settings=ONE_SLOT)
     engine = fake.engine
 
     def generation(text: str):

@@ -1,0 +1,233 @@
+// Sequence slots: see kv_slots.h and the ets_kv_slot* calls in include/etserve.h.
+#include "kv_slots.h"
+
+#include "etserve.h"
+#include "model.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace etserve {
+
+namespace {
+
+thread_local const KvSlots* t_slots = nullptr;
+
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+KvSlots::~KvSlots() {
+  for (const Map& m : maps_) munmap(m.base, m.length);
+}
+
+bool KvSlots::resize(int n, const KvRecorder& kv, KvLayouts* layouts, std::string* why) {
+  if (n < 1) {
+    *why = "a model has at least one slot";
+    return false;
+  }
+  if (n > 1 && (!kv.discovered || kv.caches.empty() || !kv.unsupported.empty())) {
+    *why = kv.unsupported.empty() ? "the KV caches are not known yet (no forward call has succeeded)"
+                                  : "this model's KV caches cannot be switched: " + kv.unsupported;
+    return false;
+  }
+  if (bases_.empty() && n > 1) {
+    size_t off = 0;
+    for (size_t i = 0; i < kv.caches.size(); ++i) {
+      const KvCacheView& c = kv.caches[i];
+      if (!c.dense()) {
+        *why = "a KV cache is not dense ([1, positions, heads, dim] with rows back to back)";
+        return false;
+      }
+      bases_.emplace_back(c.data, i);
+      offsets_.push_back(off);
+      off = round_up(off + static_cast<size_t>(c.rows) * c.row_bytes(), page_size());
+    }
+    span_ = off;
+    std::sort(bases_.begin(), bases_.end());
+  }
+  layouts_ = layouts;
+  while (count() > n) {
+    forget_layouts(maps_.back());
+    munmap(maps_.back().base, maps_.back().length);
+    maps_.pop_back();
+  }
+  while (count() < n) {
+    void* p = mmap(nullptr, span_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      *why = "mapping " + std::to_string(span_) + " bytes for a slot failed: " + std::strerror(errno);
+      return false;
+    }
+    // Small pages: a slot is paid for by the positions it holds, not by 2 MB at the start of
+    // every cache (a huge page per layer would cost each slot ~100 MB before its first token).
+    madvise(p, span_, MADV_NOHUGEPAGE);
+    madvise(p, span_, MADV_DONTDUMP);
+    maps_.push_back(Map{static_cast<char*>(p), span_});
+    // Zeros read alike in every layout: the new buffers take the layout of the program's.
+    const int slot = count() - 1;
+    for (const KvCacheView& c : kv.caches) {
+      const KvLayout l = layouts_ != nullptr ? layouts_->of(c.data) : KvLayout::kRows;
+      if (l != KvLayout::kRows) layouts_->set(data_of(c.data, slot), l, c.rows, c.heads);
+    }
+  }
+  if (active_ >= count()) active_ = 0;
+  return true;
+}
+
+void KvSlots::forget_layouts(const Map& map) {
+  if (layouts_ == nullptr) return;
+  auto& t = layouts_->tiled;
+  t.erase(std::remove_if(t.begin(), t.end(),
+                         [&](const KvLayouts::Entry& e) {
+                           const char* d = static_cast<const char*>(e.data);
+                           return d >= map.base && d < map.base + map.length;
+                         }),
+          t.end());
+}
+
+bool KvSlots::select(int slot) {
+  if (slot < 0 || slot >= count()) return false;
+  active_ = slot;
+  return true;
+}
+
+long KvSlots::index_of(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  auto it = std::lower_bound(bases_.begin(), bases_.end(), c,
+                             [](const std::pair<const char*, size_t>& e, const char* k) { return e.first < k; });
+  if (it == bases_.end() || it->first != c) return -1;
+  return static_cast<long>(it->second);
+}
+
+char* KvSlots::data_of(const char* base, int slot) const {
+  if (slot <= 0) return const_cast<char*>(base);
+  const long i = index_of(base);
+  if (i < 0 || slot >= count()) return const_cast<char*>(base);
+  return maps_[static_cast<size_t>(slot - 1)].base + offsets_[static_cast<size_t>(i)];
+}
+
+void* KvSlots::resolve(const void* p) const {
+  if (active_ == 0) return const_cast<void*>(p);
+  return data_of(static_cast<const char*>(p), active_);
+}
+
+size_t KvSlots::reserved_bytes(int slot) const {
+  return slot >= 1 && slot < count() ? maps_[static_cast<size_t>(slot - 1)].length : 0;
+}
+
+size_t KvSlots::resident_bytes(int slot) const {
+  if (slot < 1 || slot >= count()) return 0;
+  const Map& m = maps_[static_cast<size_t>(slot - 1)];
+  const size_t ps = page_size();
+  std::vector<unsigned char> vec((m.length + ps - 1) / ps);
+  if (mincore(m.base, m.length, vec.data()) != 0) return 0;
+  size_t n = 0;
+  for (unsigned char v : vec) n += v & 1;
+  return n * ps;
+}
+
+bool KvSlots::release(int slot) {
+  if (slot < 1 || slot >= count()) return false;
+  const Map& m = maps_[static_cast<size_t>(slot - 1)];
+  return madvise(m.base, m.length, MADV_DONTNEED) == 0;  // private anonymous: zeros from now on
+}
+
+void* kv_resolve(const void* p) { return t_slots != nullptr ? t_slots->resolve(p) : const_cast<void*>(p); }
+
+KvSlotScope::KvSlotScope(const KvSlots* s) : prev_(t_slots) { t_slots = s; }
+KvSlotScope::~KvSlotScope() { t_slots = prev_; }
+
+}  // namespace etserve
+
+namespace {
+
+int slot_in_range(ets_model* m, int slot) {
+  if (slot < 0 || slot >= m->slots.count()) {
+    return m->fail(ETS_ERR_OUT_OF_RANGE, "slot " + std::to_string(slot) + " does not exist (the model has " +
+                                             std::to_string(m->slots.count()) + ")");
+  }
+  return ETS_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int ets_kv_slots(ets_model* m, int n) {
+  if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  std::string why;
+  if (!m->slots.resize(n, m->kv, &m->kv_layouts, &why)) {
+    return m->fail(n < 1 ? ETS_ERR_INVALID_ARGUMENT
+                         : (m->kv.discovered && m->kv.unsupported.empty() ? ETS_ERR_RUNTIME : ETS_ERR_UNSUPPORTED),
+                   why);
+  }
+  return ETS_OK;
+}
+
+int ets_kv_slot_count(const ets_model* m) { return m == nullptr ? 0 : m->slots.count(); }
+
+int ets_kv_select(ets_model* m, int slot) {
+  if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  int rc = slot_in_range(m, slot);
+  if (rc != ETS_OK) return rc;
+  if (slot != m->slots.active()) m->has_logits = false;  // they belonged to the other slot
+  m->slots.select(slot);
+  return ETS_OK;
+}
+
+int ets_kv_copy(ets_model* m, int src, int dst, int64_t n_positions) {
+  if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  int rc = slot_in_range(m, src);
+  if (rc == ETS_OK) rc = slot_in_range(m, dst);
+  if (rc != ETS_OK) return rc;
+  if (m->kv.caches.empty() || !m->kv.discovered) {
+    return m->fail(ETS_ERR_STATE, "the KV caches are not known yet (no forward call has succeeded)");
+  }
+  if (n_positions < 0 || n_positions > m->info.max_seq_len) {
+    return m->fail(ETS_ERR_OUT_OF_RANGE, std::to_string(n_positions) + " positions are outside the KV cache");
+  }
+  if (src == dst || n_positions == 0) return ETS_OK;
+  for (const etserve::KvCacheView& c : m->kv.caches) {
+    const char* from = m->slots.data_of(c.data, src);
+    char* to = m->slots.data_of(c.data, dst);
+    const etserve::KvLayout lf = m->kv_layouts.of(from), lt = m->kv_layouts.of(to);
+    if (lf != lt) return m->fail(ETS_ERR_STATE, "two slots hold a cache in different layouts");
+    size_t bytes;
+    if (lf != etserve::KvLayout::kRows) {  // whole blocks of 64 positions are contiguous
+      const int64_t blocks = (n_positions + etserve::kLayoutBlock - 1) / etserve::kLayoutBlock;
+      bytes = static_cast<size_t>(blocks * etserve::kLayoutBlock) * c.row_bytes();
+    } else {
+      bytes = static_cast<size_t>(n_positions) * c.row_bytes();
+    }
+    std::memcpy(to, from, std::min(bytes, static_cast<size_t>(c.rows) * c.row_bytes()));
+  }
+  if (dst == m->slots.active()) m->has_logits = false;
+  return ETS_OK;
+}
+
+int ets_kv_slot_memory(const ets_model* m, int slot, int64_t* reserved, int64_t* resident) {
+  if (m == nullptr || slot < 0 || slot >= m->slots.count()) return ETS_ERR_INVALID_ARGUMENT;
+  if (reserved != nullptr) *reserved = static_cast<int64_t>(m->slots.reserved_bytes(slot));
+  if (resident != nullptr) *resident = static_cast<int64_t>(m->slots.resident_bytes(slot));
+  return ETS_OK;
+}
+
+int ets_kv_slot_release(ets_model* m, int slot) {
+  if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  int rc = slot_in_range(m, slot);
+  if (rc != ETS_OK) return rc;
+  if (slot == 0) return ETS_OK;  // the program's own caches stay
+  if (!m->slots.release(slot)) return m->fail(ETS_ERR_RUNTIME, "giving a slot's memory back failed");
+  if (slot == m->slots.active()) m->has_logits = false;
+  return ETS_OK;
+}
+
+}  // extern "C"
