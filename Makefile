@@ -20,8 +20,10 @@ PARALLEL_EXPORTS ?= $(shell awk '/^MemTotal:/ {print ($$2 >= 16 * 1024 * 1024) ?
 .PHONY: help setup native model test-model test-model-small serve test bench bench-peer clean system-packages wheel serve-only agents
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
-# driver) for the chat page. Installed only when missing; needs root or sudo.
-SYSTEM_PACKAGES ?= nginx-light chromium chromium-driver
+# driver) for the chat page, the aarch64 cross compiler and user-mode emulation (the native
+# kernels cross-built for ARM64 and run under qemu-aarch64; the baseline x86-64 kernels under
+# qemu-x86_64 with an old CPU model). Installed only when missing; needs root or sudo.
+SYSTEM_PACKAGES ?= nginx-light chromium chromium-driver g++-aarch64-linux-gnu qemu-user-static
 
 help:
 	@echo "make serve   set up, build the native library and $(MODEL), serve on 127.0.0.1:8000"

@@ -33,9 +33,10 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "native"
 PACKAGE_DIR = "app/_native"  # inside the installed package; app/engine/native.py looks here
-# -march for the wheel's own code (the ExecuTorch libraries bring their own dispatch): x86-64-v3
-# is AVX2 + FMA, which native/src/llm_ops.cpp's kernels use (Haswell, 2013, and later).
-PORTABLE_CXXFLAGS = {"x86_64": "-O3 -march=x86-64-v3", "aarch64": "-O3 -march=armv8-a"}
+# Flags for the wheel's own code (the ExecuTorch libraries bring their own dispatch). No -march on
+# x86-64: native/Makefile compiles the kernels once per CPU tier (scalar, AVX2, AVX-512/AMX) and the
+# library picks one at load, so one wheel runs on any x86-64 CPU.
+PORTABLE_CXXFLAGS = {"x86_64": "-O3", "aarch64": "-O3 -march=armv8-a"}
 
 
 def _wheel_platform() -> str:

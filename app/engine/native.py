@@ -203,7 +203,7 @@ def library() -> ctypes.CDLL:
     if _lib is None:
         path = library_path()
         _lib = _load_library(path)
-        log.info("native runtime: %s (built for %s; attention over int8 KV caches: %s)", path.resolve(),
+        log.info("native runtime: %s (CPU tier: %s kernels; attention over int8 KV caches: %s)", path.resolve(),
                  _lib.ets_vector_isa().decode(),
                  "Intel AMX tiles" if _lib.ets_attention_kernel(-1) == 1 else "generic")
     return _lib

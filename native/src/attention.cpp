@@ -7,6 +7,7 @@
 
 #include "attention_amx.h"
 #include "attention_decode.h"
+#include "isa.h"
 #include "simd.h"
 
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
@@ -566,7 +567,10 @@ namespace {
 // the OS saving opmask, ZMM and tile state; then the tile data permission
 // Linux asks a process to request (arch_prctl ARCH_REQ_XCOMP_PERM).
 bool detect_amx() {
-#if defined(__x86_64__) && defined(__linux__)
+#if defined(ETS_WITH_AMX) && defined(__linux__)
+  const char* isa = std::getenv("ETSERVE_ISA");  // cpu_tiers.cpp: a lower tier forced
+  if (isa != nullptr && *isa != '\0' && std::strcmp(isa, "amx") != 0 && std::strcmp(isa, "native") != 0)
+    return false;
   auto cpuid = [](unsigned leaf, unsigned sub, unsigned r[4]) {
     __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
   };

@@ -24,17 +24,23 @@
 // the stores have retired (the lines arrived) when the tiles load them.
 #include "attention_amx.h"
 
-#include "amx_tiles.h"
 #include "attention.h"
+#include "isa.h"
+
+#if defined(ETS_WITH_AMX)
+#include "amx_tiles.h"
 #include "simd.h"
 
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#if defined(ETS_WITH_AMX)
 
 namespace etserve {
 
@@ -884,3 +890,21 @@ void attend_tile_amx(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_
 }
 
 }  // namespace etserve
+
+#else  // no AMX in this kernel set (another architecture, or a tier below AVX-512): never called
+
+#include <cstdlib>
+
+namespace etserve {
+
+AmxScratch* amx_scratch_new(int64_t, int64_t) { return nullptr; }
+void amx_scratch_free(AmxScratch*) {}
+bool amx_attention_applies(const AttnArgs&) { return false; }
+void attend_tile_amx(const AttnArgs&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, AmxScratch*, float*,
+                     float*, float*) {
+  std::abort();
+}
+
+}  // namespace etserve
+
+#endif  // ETS_WITH_AMX

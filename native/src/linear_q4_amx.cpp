@@ -3,6 +3,9 @@
 // the baseline CPU like that check has to be) said the CPU has them.
 #include "linear_q4_amx.h"
 
+#include "isa.h"
+
+#if defined(ETS_WITH_AMX)
 #include "amx_tiles.h"
 
 #include <immintrin.h>
@@ -80,3 +83,15 @@ void q4_panel_amx(const uint8_t* XU, int64_t M, int64_t K, const int8_t* pw, con
 }
 
 }  // namespace etserve
+
+#else  // no AMX in this kernel set: never called (linear_q4_amx_enabled() is false)
+
+#include <cstdlib>
+
+namespace etserve {
+
+void q4_panel_amx(const uint8_t*, int64_t, int64_t, const int8_t*, const float*, float*) { std::abort(); }
+
+}  // namespace etserve
+
+#endif  // ETS_WITH_AMX

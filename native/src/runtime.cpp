@@ -2,6 +2,7 @@
 // forward in chunks, keep the last logits. See include/etserve.h.
 #include "etserve.h"
 #include "attention.h"
+#include "kernel_isa.h"
 #include "model.h"
 #include "runtime_log.h"
 #include "simd.h"
@@ -112,17 +113,7 @@ int ets_get_num_threads(void) {
 
 int ets_attention_kernel(int want) { return etserve::attention_kernel(want); }
 
-const char* ets_vector_isa(void) {
-#if defined(ETS_VNNI512)
-  return "avx512-vnni";
-#elif defined(ETS_AVX512)
-  return "avx512";
-#elif defined(ETS_AVX2)
-  return "avx2";
-#else
-  return "scalar";
-#endif
-}
+const char* ets_vector_isa(void) { return etserve::kernel_isa(); }  // the CPU tier (cpu_tiers.cpp)
 
 namespace etserve {
 

@@ -2,7 +2,7 @@
 // last forward call, with per-request parameters and a caller-owned RNG state.
 #include "etserve.h"
 #include "model.h"
-#include "simd.h"
+#include "kernel_table.h"  // vec::, the chosen CPU tier's reductions
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
 // -W(maybe-)uninitialized reports where simd.h's reductions are inlined.
@@ -31,9 +31,9 @@ double next_unit(uint64_t* state) {  // uniform in [0, 1)
 
 // log(sum(exp(x))) over a vocabulary: once per sampled token (its logprob), vectorized.
 float log_sum_exp(const float* x, int64_t n) {
-  const float mx = etserve::simd::max_of(x, n);
+  const float mx = etserve::vec::max_of(x, n);
   if (!std::isfinite(mx)) return mx;
-  return mx + static_cast<float>(std::log(etserve::simd::sum_exp_shift(x, n, mx)));
+  return mx + static_cast<float>(std::log(etserve::vec::sum_exp_shift(x, n, mx)));
 }
 
 int32_t arg_max(const float* x, int64_t n) {
@@ -115,7 +115,7 @@ int32_t draw(const ets_sampling& p, const float* x, int64_t vocab, std::vector<i
   if (top_k) {
     for (size_t i = 0; i < n; ++i) mx = std::max(mx, x[order[i]]);
   } else {
-    mx = etserve::simd::max_of(x, vocab);
+    mx = etserve::vec::max_of(x, vocab);
   }
   if (!std::isfinite(mx)) return order[0];
   const float inv_t = static_cast<float>(1.0 / static_cast<double>(p.temperature));
@@ -130,7 +130,7 @@ int32_t draw(const ets_sampling& p, const float* x, int64_t vocab, std::vector<i
       total += w[id];
     }
   } else {
-    total = etserve::simd::exp_weights(x, w.data(), vocab, mx, inv_t);
+    total = etserve::vec::exp_weights(x, w.data(), vocab, mx, inv_t);
   }
   if (p.min_p > 0.0f) {  // keep candidates whose probability is >= min_p * the best one's
     size_t kept = 0;

@@ -1,0 +1,9 @@
+// The vector instructions one set of kernels was compiled for (kernel_isa.cpp, built with the
+// same flags as the kernels beside it): "avx512-vnni", "avx512", "avx2" or "scalar".
+#pragma once
+
+namespace etserve {
+
+const char* kernel_isa();
+
+}  // namespace etserve

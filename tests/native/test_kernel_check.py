@@ -1,0 +1,90 @@
+"""native/check/kernel_check: the attention and 4-bit linear kernels at this directory's shapes
+against float64 references, as a static program (no Python, no ExecuTorch runtime), so that the
+builds this machine cannot load run too: cross-built for aarch64 and run under qemu-aarch64
+(`make -C native ARCH=aarch64 check`). The cross compiler and qemu-user-static are Debian packages
+that `make test` installs (the top Makefile's system-packages)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NATIVE = Path(__file__).resolve().parents[2] / "native"
+
+
+def make_check(*args, timeout=600):
+    proc = subprocess.run(["make", "-C", str(NATIVE), "--no-print-directory", f"PYTHON={sys.executable}",
+                           *args, "check"], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_kernel_check_on_this_machine():
+    out = make_check()
+    assert ", 0 failed" in out.splitlines()[-1]
+
+
+def test_kernel_check_on_aarch64_under_emulation():
+    missing = [t for t in ("aarch64-linux-gnu-g++", "qemu-aarch64-static") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"no {' and '.join(missing)} (Debian g++-aarch64-linux-gnu, qemu-user-static: make system-packages)")
+    out = make_check("ARCH=aarch64")
+    last = out.splitlines()[-1]
+    assert last.startswith("kernel_check (") and ", 0 failed" in last, out[-2000:]
+
+
+X86 = subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() == "x86_64"
+CHECK_X86 = NATIVE / "build" / "check-x86_64" / "kernel_check"
+TIER_ISA = {"scalar": "scalar", "avx2": "avx2", "avx512": "avx512-vnni"}
+
+
+def host_tier():
+    flags = Path("/proc/cpuinfo").read_text().split("\nflags")[1].split("\n")[0].split()
+    if all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512vbmi")):
+        return "avx512"
+    return "avx2" if all(f in flags for f in ("avx2", "fma", "f16c", "bmi2", "movbe")) else "scalar"
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 tiers")
+@pytest.mark.parametrize("tier", ["scalar", "avx2", "avx512"])
+def test_each_x86_tier_the_host_has_passes_the_kernel_check(tier):
+    """One library, every tier: ETSERVE_ISA forces a lower tier (cpu_tiers.cpp), so a big host
+    checks the kernels of the smaller ones too."""
+    order = ["scalar", "avx2", "avx512"]
+    if order.index(tier) > order.index(host_tier()):
+        pytest.skip(f"this CPU has no {tier}")
+    make_check()
+    out = subprocess.run([str(CHECK_X86)], capture_output=True, text=True, timeout=300,
+                         env={"ETSERVE_ISA": tier, "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert f"kernel_check ({TIER_ISA[tier]} kernels)" in out.stdout and ", 0 failed" in out.stdout
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 tiers")
+def test_a_cpu_without_avx_picks_the_scalar_tier_under_emulation():
+    """A baseline x86-64 CPU (qemu's Nehalem model: SSE4.2, no AVX) starts on the scalar kernels
+    instead of crashing. (qemu's TCG executes AVX even on that model, so what this proves is the
+    choice; the next test proves the scalar set and the rest have no vector extensions in them.)"""
+    if shutil.which("qemu-x86_64-static") is None:
+        pytest.skip("no qemu-x86_64-static (Debian qemu-user-static: make system-packages)")
+    make_check()
+    out = subprocess.run(["qemu-x86_64-static", "-cpu", "Nehalem", str(CHECK_X86)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "kernel_check (scalar kernels)" in out.stdout and ", 0 failed" in out.stdout
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 tiers")
+def test_the_baseline_objects_use_no_avx():
+    """Everything outside the avx2 and avx512 kernel sets is compiled for x86-64 itself: no
+    instruction of theirs touches a ymm or zmm register (AVX, AVX2, AVX-512) or a tile (AMX)."""
+    make_check()
+    objs = [p for p in (NATIVE / "build" / "obj").glob("*.o")] + list((NATIVE / "build" / "obj" / "scalar").glob("*.o"))
+    assert len(objs) > 10
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", *map(str, objs)], capture_output=True, text=True,
+                         check=True).stdout
+    bad = [line for line in out.splitlines() if "%ymm" in line or "%zmm" in line or "%k" in line.split("#")[0]
+           or "tmm" in line]
+    assert not bad, bad[:20]
