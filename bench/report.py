@@ -92,7 +92,11 @@ measured is in the docstring of its section: `bench/own.py` (etserve against its
 `bench/versus.py` (against llama.cpp's `llama-server` on the same model, built by
 `make bench-peer`), with `bench/agents.py`, `bench/fim.py` and `bench/perplexity.py`. Sides are
 alternated (A B, B A, A B) so that drift in the machine's load cancels out; only ratios from one
-run compare. Earlier results are in [CHANGELOG.md](../CHANGELOG.md).
+run compare. `--only own` or `--only peer` runs one section. The peer is built once by
+`make bench-peer` into `~/.cache/etserve/peer/` (outside the repository) from the
+`llama-cpp-python` sdist's vendored llama.cpp, and runs as `llama-server -t N -tb N -np 1
+--cache-ram 0` (N the bench's `--threads`) on the model's GGUF requantized to Q4_0; a missing model build makes its rows
+say `not built`. Earlier results are in [CHANGELOG.md](../CHANGELOG.md).
 """
 
 
