@@ -58,14 +58,28 @@ def test_every_setting_is_documented():
     assert not missing, f"not in docs/settings.md: {missing}"
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a markdown page, plus explicit <a id=...> ones."""
+    text = page.read_text()
+    out = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"^#+\s+(.*)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
 def test_readme_and_docs_links_resolve():
-    """Every relative link in README.md and docs/*.md names a file of the checkout."""
-    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    """Every relative link in README.md and docs/*.md names a file of the checkout, and a
+    #fragment into a markdown page names one of its headings."""
+    link = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
     broken = []
     for page in [README, *DOCS.glob("*.md")]:
-        for target in link.findall(page.read_text()):
+        for target, fragment in link.findall(page.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            if not (page.parent / target).exists():
+            path = page.parent / target if target else page
+            if not path.exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
+            elif fragment and path.suffix == ".md" and fragment not in _anchors(path):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{fragment}")
     assert not broken, broken
