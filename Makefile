@@ -113,7 +113,7 @@ wheel: $(VENV)/.installed
 		$(PIP) wheel . --no-deps --no-build-isolation --quiet -w dist
 	@ls -l dist/etserve-*.whl
 
-# What a serving box installs (README "Serve-only install"): that wheel and its dependencies, no
+# What a serving box installs (docs/deployment.md, "Serve-only install"): that wheel and its dependencies, no
 # extras, so no torch, transformers, gguf, executorch or compiler. `$(SERVE_VENV)/bin/etserve` serves.
 SERVE_VENV ?= serve-venv
 serve-only: wheel

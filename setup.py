@@ -7,7 +7,7 @@ $ORIGIN run path), so the serving box needs neither a compiler nor the executorc
 Everything else is declared in setup.cfg. Editable installs (`make setup`) build nothing: the
 source tree's own native/build is used there.
 
-Environment knobs (for another architecture, see the README's "Serve-only install"):
+Environment knobs (for another architecture, see docs/deployment.md, "Other architectures"):
   CXX, CXXFLAGS               compiler and flags (default: -O3 with a portable -march per arch)
   ETSERVE_EXECUTORCH_DIR      an executorch package directory (e.g. from an unpacked aarch64
                               wheel) instead of the one this Python imports

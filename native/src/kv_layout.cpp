@@ -1,6 +1,9 @@
 // Tiled int8 KV cache layouts: see kv_layout.h.
 #include "kv_layout.h"
 
+#include <dlfcn.h>
+
+#include <atomic>
 #include <cstring>
 
 namespace etserve {
@@ -105,20 +108,32 @@ void KvLayouts::set(const void* data, KvLayout l, int64_t rows, int64_t hkv) {
   if (l != KvLayout::kRows) tiled.push_back(Entry{data, l, rows, hkv});
 }
 
-KvLayouts* current_kv_layouts() { return t_layouts; }
+namespace {
+
+// Kernels called on their own, outside any forward call, are called by the native tests only:
+// through libetserve_test.so (native/test/), whose etserve_test_kv_layouts gives the calling
+// thread a set of layouts as a forward call does. This library exports nothing but etserve.h's
+// functions, so it looks that library up (by its soname, only if already loaded) instead.
+KvLayouts* test_library_layouts() {
+  using Fn = KvLayouts* (*)();
+  static std::atomic<Fn> cached{nullptr};
+  Fn fn = cached.load(std::memory_order_acquire);
+  if (fn == nullptr) {
+    void* lib = dlopen("libetserve_test.so", RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == nullptr) return nullptr;
+    fn = reinterpret_cast<Fn>(dlsym(lib, "etserve_test_current_kv_layouts"));
+    dlclose(lib);  // RTLD_NOLOAD took a reference; the library stays loaded by its opener
+    if (fn == nullptr) return nullptr;
+    cached.store(fn, std::memory_order_release);
+  }
+  return fn();
+}
+
+}  // namespace
+
+KvLayouts* current_kv_layouts() { return t_layouts != nullptr ? t_layouts : test_library_layouts(); }
 
 KvLayoutScope::KvLayoutScope(KvLayouts* l) : prev_(t_layouts) { t_layouts = l; }
 KvLayoutScope::~KvLayoutScope() { t_layouts = prev_; }
 
 }  // namespace etserve
-
-// For the kernels' tests and benchmarks, which call the operators on their
-// own (no model, no forward call): on != 0 gives the calling thread a set of
-// layouts, as a forward call does, so the int8 caches it passes are kept in
-// tile layout from the first AMX attention over them on; 0 forgets them
-// (their buffers are the caller's, and may be freed and reused) and ends it.
-extern "C" __attribute__((visibility("default"))) void etserve_test_kv_layouts(int on) {
-  thread_local etserve::KvLayouts layouts;
-  layouts.tiled.clear();
-  etserve::t_layouts = on != 0 ? &layouts : nullptr;
-}

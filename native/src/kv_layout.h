@@ -59,9 +59,9 @@ struct KvLayouts {
   void set(const void* data, KvLayout l, int64_t rows, int64_t hkv);  // kRows: forget it
 };
 
-// The layouts of the model whose forward call runs on this thread (null
-// outside one: kernels called on their own, as in the native tests, only
-// ever see rows).
+// The layouts of the model whose forward call runs on this thread; outside one
+// (kernels called on their own, as only the native tests do) those
+// libetserve_test.so's etserve_test_kv_layouts set, else null: rows only.
 KvLayouts* current_kv_layouts();
 
 class KvLayoutScope {

@@ -165,7 +165,6 @@ const Kernel kKernels[] = {
     Kernel("llama::custom_quantized_sdpa.out", boxed_custom_quantized_sdpa),
     Kernel("etserve::linear_q4.out", boxed_linear_q4),
 };
-constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
 bool register_all() {
   bool ok = true;
@@ -186,14 +185,5 @@ const bool g_registered = register_all();
 
 }  // namespace
 
-extern "C" {
-
-int etserve_llm_op_count(void) { return kNumKernels; }
-
-const char* etserve_llm_op_name(int i) {
-  return (i >= 0 && i < kNumKernels) ? kKernels[i].name_ : nullptr;
-}
-
-int etserve_llm_ops_registered(void) { return g_registered ? 1 : 0; }
-
-}  // extern "C"
+// The registered operators' names are listed by the test library
+// (native/test/llm_ops_test.cpp: etserve_llm_op_*), from the runtime's registry.

@@ -21,15 +21,9 @@
 extern "C" {
 #endif
 
-#define ETS_LLM_OPS_API __attribute__((visibility("default")))
-
-/* Operators registered by this library: count, and name i ("llama::custom_sdpa.out"),
- * NULL when i is out of range. For a model-open check that every operator a
- * .pte names has a kernel, prefer the runtime's own registry lookup. */
-ETS_LLM_OPS_API int etserve_llm_op_count(void);
-ETS_LLM_OPS_API const char* etserve_llm_op_name(int i);
-/* 1 if the registration at load time succeeded for all of them. */
-ETS_LLM_OPS_API int etserve_llm_ops_registered(void);
+/* Nothing is exported from here: libetserve.so exports only etserve.h's
+ * functions. The test library lists the registered operators
+ * (etserve_llm_op_count, etserve_llm_op_name, etserve_llm_ops_registered). */
 
 /* Test entry points that call these kernels live in a separate library,
  * build/libetserve_test.so (native/test/llm_ops_test.cpp). */

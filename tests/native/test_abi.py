@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -72,5 +74,39 @@ TEST_ENTRY_POINTS = ("etserve_test_sample", "etserve_test_custom_sdpa", "etserve
 
 def test_test_entry_points_live_only_in_the_test_library(etserve_lib, etserve_test_lib):
     for name in TEST_ENTRY_POINTS:
+        assert not hasattr(etserve_lib, name), f"libetserve.so exports {name}: it belongs in libetserve_test.so"
+        assert hasattr(etserve_test_lib, name), name
+
+
+def header_functions() -> set[str]:
+    """The functions etserve.h declares (ETS_API), read from the header so that new ones count."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", HEADER, flags=re.S)
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return set(re.findall(r"\bETS_API\b[^;{]*?\b([A-Za-z_]\w*)\s*\(", text))
+
+
+def dynamic_symbols(path: Path) -> set[str]:
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
+
+
+def test_production_library_exports_exactly_the_header(etserve_lib_path):
+    """libetserve.so's dynamic symbols are etserve.h's functions and nothing else: no test hook
+    (they live in libetserve_test.so), no C++ template instance (native/Makefile's version script)."""
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    declared = header_functions()
+    assert {"ets_model_open", "ets_forward", "ets_sample"} <= declared, declared
+    exported = dynamic_symbols(etserve_lib_path)
+    assert exported == declared, (f"exported, not in etserve.h: {sorted(exported - declared)}; "
+                                  f"in etserve.h, not exported: {sorted(declared - exported)}")
+
+
+TEST_HOOKS = ("etserve_llm_op_count", "etserve_llm_op_name", "etserve_llm_ops_registered",
+              "etserve_test_kv_layouts", "etserve_test_current_kv_layouts")
+
+
+def test_test_hooks_live_in_the_test_library(etserve_lib, etserve_test_lib):
+    for name in TEST_HOOKS:
         assert not hasattr(etserve_lib, name), f"libetserve.so exports {name}: it belongs in libetserve_test.so"
         assert hasattr(etserve_test_lib, name), name
