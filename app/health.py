@@ -75,6 +75,9 @@ class HealthResource:
                 "forward_calls": engine.forward_calls,
                 # the prompt being read right now (llama.cpp's shape), null between prefills
                 "prompt_progress": progress.as_dict() if (progress := engine.prompt_progress) else None,
+                # sequence slots (GET /slots has each one's state)
+                "slots": {"total": len(engine.slots), "busy": sum(1 for s in engine.slots if s.busy),
+                          "memory": engine.slot_memory()},
             }
             disk = engine.sessions.disk
             if disk is not None:

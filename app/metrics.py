@@ -66,13 +66,22 @@ class Metrics:
         def engine_value(read: Callable[[Engine], float]) -> Callable[[], float]:
             return lambda: float(read(e)) if (e := engine()) is not None else 0.0
 
-        Gauge("etserve_queue_depth", "Requests waiting for the engine right now",
+        Gauge("etserve_queue_depth", "Requests waiting for a sequence slot right now",
               registry=r).set_function(engine_value(lambda e: e.waiting))
         Gauge("etserve_generating", "1 while the engine generates, else 0",
               registry=r).set_function(engine_value(lambda e: e.generating))
+        Gauge("etserve_slots", "Sequence slots", registry=r).set_function(engine_value(lambda e: len(e.slots)))
+        Gauge("etserve_slots_busy", "Sequence slots a request uses right now",
+              registry=r).set_function(engine_value(lambda e: sum(1 for s in e.slots if s.busy)))
+        self.queue_seconds = Histogram(
+            "etserve_queue_wait_seconds",
+            "Time from a generation's arrival to its first step: waiting for a slot and a turn",
+            buckets=FIRST_TOKEN_BUCKETS, registry=r)
+        r.register(_SlotCollector(engine))
 
     def observe_generation(self, stats: GenerationStats) -> None:
         self.generations.inc()
+        self.queue_seconds.observe(stats.queued_ms / 1000)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
         if stats.cached_tokens:
@@ -89,6 +98,34 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SlotCollector:
+    """Per-slot state and the step gate's counters, read from the engine at scrape time."""
+
+    def __init__(self, engine: Callable[[], Engine | None]):
+        self._engine = engine
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        e = self._engine()
+        busy = GaugeMetricFamily("etserve_slot_busy", "1 while a request uses the slot", labels=["slot", "task"])
+        used = GaugeMetricFamily("etserve_slot_context_tokens", "Positions of the slot's context filled",
+                                 labels=["slot"])
+        steps = CounterMetricFamily("etserve_steps", "Forward steps run (prefill chunks and decode steps)")
+        handovers = CounterMetricFamily("etserve_step_handovers",
+                                        "Steps handed to another sequence than the one that ran the last")
+        if e is not None:
+            for s in e.slots:
+                busy.add_metric([str(s.index), s.task or "idle"], 1.0 if s.busy else 0.0)
+                used.add_metric([str(s.index)], float(len(s.tokens)))
+            steps.add_metric([], float(e.steps.steps))
+            handovers.add_metric([], float(e.steps.handovers))
+        yield from (busy, used, steps, handovers)
 
 
 class ObserveRequests:

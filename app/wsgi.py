@@ -21,6 +21,7 @@ from app.metrics import Metrics, MetricsResource, ObserveRequests, metrics_open,
 from app.model_host import ServedModel, load_served_model
 from app.llamacpp.infill.protocol import parse_infill_request
 from app.llamacpp.infill.serving import Infill
+from app.llamacpp.slots.routes import SlotsResource
 from app.openai import errors
 from app.openai.chat.routes import chat_completions_resource
 from app.openai.chat.serving import ChatCompletions
@@ -50,6 +51,7 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
     infill = GenerationResource(parse_infill_request, Infill(model), settings.max_body_bytes,
                                 sse_keepalive=settings.sse_keepalive, done=False)
     app.add_route("/infill", infill)
+    app.add_route("/slots", SlotsResource(model))
     responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size))
     responses = responses_resource(responses_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
     stored_responses = StoredResponseResource(responses_service)

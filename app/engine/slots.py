@@ -7,9 +7,9 @@ next request whose prompt starts the same way, or of the same session, is given 
 reads only the rest. A request takes a free slot when it starts and gives it back when it
 ends; when all are busy it waits, and slots are handed out in arrival order.
 
-Choosing among free slots: the session's own slot, else the one sharing the longest prefix
-with the prompt, else the least recently used (what it held is then overwritten; a session's
-state is saved aside first, see sessions.py).
+Choosing among free slots (SlotTable.best): the session's own slot, else one whose contents
+the prompt continues, else the one whose contents are worth least (what it held is then
+overwritten; a session's state is saved aside first, see sessions.py).
 """
 
 from __future__ import annotations
@@ -81,19 +81,24 @@ class SlotTable:
         with self._mutex:
             self.slots = [Slot(i) for i in range(max(1, n))]
 
-    @staticmethod
-    def best(free: list[Slot], prompt: list[int], session_id: str | None) -> Slot:
-        """The free slot a request should take (see the module's docstring)."""
+    SIMILARITY = 0.5  # a slot is reused when the prompt shares at least this part of what it holds
+
+    @classmethod
+    def best(cls, free: list[Slot], prompt: list[int], session_id: str | None) -> Slot:
+        """The free slot a request should take: the session's own; else the one whose contents
+        the prompt mostly continues (at least SIMILARITY of them, like llama.cpp's
+        --slot-prompt-similarity), the longest such prefix first; else the one whose contents
+        are worth least: an empty one, or the least recently used (a short shared prefix, such
+        as a system prompt, is copied in from wherever it is: Engine._prepare)."""
         if session_id is not None:
             own = [s for s in free if s.owner == session_id]
             if own:
                 return own[0]
         limit = len(prompt) - 1  # the last prompt token is always run
         shared = {s.index: common_prefix(prompt, s.tokens, limit) for s in free}
-        best = max(free, key=lambda s: (shared[s.index], s.last_used))
-        if shared[best.index] > 0:
-            return best
-        # nothing shared: the least recently used, empty ones first
+        similar = [s for s in free if shared[s.index] > 0 and shared[s.index] >= cls.SIMILARITY * len(s.tokens)]
+        if similar:
+            return max(similar, key=lambda s: (shared[s.index], s.last_used))
         return min(free, key=lambda s: (bool(s.tokens), s.last_used))
 
     def acquire(self, prompt: list[int], session_id: str | None, gave_up: Callable[[], bool],

@@ -165,9 +165,15 @@ int ets_kv_slots(ets_model* m, int n) {
   if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
   std::string why;
   if (!m->slots.resize(n, m->kv, &m->kv_layouts, &why)) {
-    return m->fail(n < 1 ? ETS_ERR_INVALID_ARGUMENT
-                         : (m->kv.discovered && m->kv.unsupported.empty() ? ETS_ERR_RUNTIME : ETS_ERR_UNSUPPORTED),
-                   why);
+    int code = ETS_ERR_RUNTIME;
+    if (n < 1) {
+      code = ETS_ERR_INVALID_ARGUMENT;
+    } else if (!m->kv.discovered) {
+      code = ETS_ERR_STATE;  // not yet: a forward call finds the caches
+    } else if (!m->kv.unsupported.empty() || m->kv.caches.empty()) {
+      code = ETS_ERR_UNSUPPORTED;
+    }
+    return m->fail(code, why);
   }
   return ETS_OK;
 }

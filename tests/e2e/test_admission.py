@@ -13,7 +13,7 @@ from .streams import LONG, open_stream, read_events
 
 @pytest.fixture(scope="module")
 def small_queue_server(make_server):
-    return make_server({"ETSERVE_MAX_QUEUE": "1"})
+    return make_server({"ETSERVE_MAX_QUEUE": "1", "ETSERVE_PARALLEL": "1"})  # one slot: the next waits
 
 
 def wait_for(predicate, timeout=60.0):

@@ -229,7 +229,7 @@ def test_api_key_by_x_api_key_and_auth_errors(keyed_server):
 
 @pytest.fixture(scope="module")
 def busy_server(make_server):
-    return make_server({"ETSERVE_MAX_QUEUE": "1", "ETSERVE_QUEUE_TIMEOUT": "1"})
+    return make_server({"ETSERVE_MAX_QUEUE": "1", "ETSERVE_QUEUE_TIMEOUT": "1", "ETSERVE_PARALLEL": "1"})
 
 
 def wait_for(predicate, what: str, timeout: float = 60) -> None:

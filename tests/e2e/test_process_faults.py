@@ -73,9 +73,9 @@ def test_a_killed_worker_is_replaced_and_serves_again(make_server):
 
 
 def test_sigterm_with_requests_queued_and_new_connections_arriving(make_server):
-    """Requests queued before the signal run to the end, new connections are refused or served,
-    nothing hangs, and the server exits cleanly."""
-    srv = make_server({})
+    """Requests in flight in both slots and queued before the signal run to the end, new
+    connections are refused or served, nothing hangs, and the server exits cleanly."""
+    srv = make_server({"ETSERVE_PARALLEL": "2"})
     url = srv.base_url + "/v1/chat/completions"
     results: dict[str, object] = {}
 
@@ -104,7 +104,7 @@ def test_sigterm_with_requests_queued_and_new_connections_arriving(make_server):
                 "temperature": 0}
         queued.append(threading.Thread(target=call, args=(f"queued{i}", body)))
         queued[-1].start()
-    while srv.health()["engine"]["waiting"] < 3:
+    while srv.health()["engine"]["slots"]["busy"] < 2 or srv.health()["engine"]["waiting"] < 2:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     srv.proc.send_signal(signal.SIGTERM)

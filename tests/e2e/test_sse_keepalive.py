@@ -21,7 +21,8 @@ PROMPT = "The old lighthouse keeper climbed the stairs and"
 @pytest.fixture(scope="module")
 def ka_server(make_server):
     # small prefill chunks: a long prompt takes many forward calls, with cancellation checks between them
-    return make_server({"ETSERVE_SSE_KEEPALIVE": str(INTERVAL), "ETSERVE_PREFILL_CHUNK": "16"})
+    # one slot: a request waits behind the Occupier
+    return make_server({"ETSERVE_SSE_KEEPALIVE": str(INTERVAL), "ETSERVE_PREFILL_CHUNK": "16", "ETSERVE_PARALLEL": "1"})
 
 
 def wait_for(predicate, timeout=60.0):

@@ -1,0 +1,167 @@
+"""The scheduling policy and the step gate, as pure logic on a fake clock (no model)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from app.engine.scheduler import Claim, StepPolicy
+from app.engine.steps import StepGate
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def claim(seq, arrival=0.0, service=0.0, decoding=False, last_run=None, waiting_since=None):
+    return Claim(seq=seq, arrival=arrival, service=service, decoding=decoding, last_run=last_run,
+                 waiting_since=arrival if waiting_since is None else waiting_since)
+
+
+def test_levels_double():
+    p = StepPolicy(quantum=0.5)
+    assert [p.level(s) for s in (0, 0.49, 0.5, 0.99, 1.0, 2.0, 4.0, 1000.0)] == [0, 0, 1, 1, 2, 3, 4, 11]
+
+
+def test_a_new_short_request_goes_before_a_long_prefill_under_way():
+    p = StepPolicy()
+    long = claim(1, arrival=0.0, service=20.0, waiting_since=20.0)  # 20 s into its prompt
+    short = claim(2, arrival=19.9, waiting_since=19.9)
+    assert p.pick([long, short], now=20.0) is short
+
+
+def test_equal_requests_go_in_arrival_order():
+    p = StepPolicy()
+    a, b, c = claim(1, arrival=1.0), claim(2, arrival=2.0), claim(3, arrival=3.0)
+    assert p.pick([c, b, a], now=3.0) is a
+    # prompts being read: the earlier one keeps going first while both are in the same level
+    a.service, b.service = 0.3, 0.0
+    assert p.pick([b, a], now=3.1) is a
+
+
+def test_decoders_take_turns():
+    p = StepPolicy()
+    a = claim(1, arrival=0.0, service=1.0, decoding=True, last_run=5.00, waiting_since=5.0)
+    b = claim(2, arrival=0.1, service=1.0, decoding=True, last_run=5.02, waiting_since=5.0)
+    c = claim(3, arrival=0.2, service=1.0, decoding=True, last_run=5.01, waiting_since=5.0)
+    order = []
+    now = 5.03
+    for _ in range(6):
+        nxt = p.pick([a, b, c], now)
+        order.append(nxt.seq)
+        nxt.last_run = nxt.waiting_since = now = now + 0.02
+    assert order == [1, 3, 2, 1, 3, 2]
+
+
+def test_a_claim_waiting_too_long_goes_first_whatever_its_service():
+    p = StepPolicy(max_wait=3.0)
+    long = claim(1, arrival=0.0, service=50.0, waiting_since=10.0)
+    fresh = claim(2, arrival=12.9, waiting_since=12.9)
+    assert p.pick([long, fresh], now=12.9) is fresh
+    assert p.pick([long, fresh], now=13.0) is long  # waited 3 s
+
+
+def simulate(policy, jobs, until=1e9, step_s=lambda c: 0.1):
+    """A discrete run of the policy: jobs = [(arrival, steps, label)]; returns {label: finish time}
+    and the order of steps. A single sequence runs its steps back to back (the gate)."""
+    clock = 0.0
+    pending = sorted(jobs)
+    live: dict[int, list] = {}  # seq -> [claim, steps left]
+    finished, order = {}, []
+    seq = 0
+    while (pending or live) and clock < until:
+        while pending and pending[0][0] <= clock:
+            arrival, steps, label = pending.pop(0)
+            seq += 1
+            c = Claim(seq=seq, arrival=arrival, waiting_since=arrival, label=label)
+            live[seq] = [c, steps]
+        if not live:
+            clock = pending[0][0]
+            continue
+        c = policy.pick([v[0] for v in live.values()], clock)
+        d = step_s(c)
+        clock += d
+        c.service += d
+        c.last_run = clock
+        order.append(c.label)
+        live[c.seq][1] -= 1
+        if live[c.seq][1] == 0:
+            finished[c.label] = clock
+            del live[c.seq]
+        c.waiting_since = clock
+        c.decoding = True
+    return finished, order
+
+
+def test_an_infill_during_a_long_prompt_finishes_first_and_the_long_one_barely_waits():
+    """An editor's infill (10 prefill + 32 decode steps of ~17 ms) arrives 5 s into an agent's
+    12k-token prompt (100 chunks of 0.3 s): it is done within ~1 s of arriving, and the agent
+    ends no later than its own time plus the infill's compute."""
+    p = StepPolicy()
+
+    def cost(c):
+        return 0.3 if c.label == "agent" else (0.1 if c.service < 1.0 and not c.decoding else 0.017)
+
+    finished, _ = simulate(p, [(0.0, 100, "agent"), (5.0, 42, "infill")], step_s=cost)
+    assert finished["infill"] - 5.0 < 1.5
+    alone, _ = simulate(p, [(0.0, 100, "agent")], step_s=cost)
+    assert finished["agent"] <= alone["agent"] + 1.5
+
+
+def test_nothing_starves_while_short_requests_arrive_back_to_back():
+    """Short requests (4 steps) arrive as fast as they are served: each stays in level 0, so
+    least-attained-service alone would never run the long one again; the bound on waiting does."""
+    jobs = [(0.0, 50, "long")] + [(0.4 * i, 4, f"short{i}") for i in range(1, 1000)]
+    starved, _ = simulate(StepPolicy(max_wait=1e9), jobs, until=400, step_s=lambda c: 0.1)
+    assert "long" not in starved  # what the bound is for
+    finished, order = simulate(StepPolicy(max_wait=3.0), jobs, until=400, step_s=lambda c: 0.1)
+    assert "long" in finished
+    # from the end of one of its steps to the end of the next: at most max_wait, the step under
+    # way when it became overdue, and its own
+    runs = [i for i, label in enumerate(order) if label == "long"]
+    assert max(b - a for a, b in zip(runs, runs[1:])) * 0.1 <= 3.0 + 0.2 + 1e-9
+
+
+def test_gate_hands_the_step_to_the_policys_pick_not_to_the_releaser():
+    clock = Clock()
+    gate = StepGate(StepPolicy(), clock)
+    a, b = claim(1, arrival=0.0), claim(2, arrival=0.5)
+    assert gate.acquire(a)
+    got = []
+    t = threading.Thread(target=lambda: got.append(gate.acquire(b)))
+    t.start()
+    while gate.waiting != 1:
+        time.sleep(0.001)
+    clock.t = 1.0
+    gate.release(a, 1.0)  # a has had a second of service; b none: b goes
+    t.join(5)
+    assert got == [True] and gate.holder is b and a.service == 1.0
+    # a asks again while b holds it: a waits, b's release hands it over
+    t = threading.Thread(target=lambda: got.append(gate.acquire(a)))
+    t.start()
+    while gate.waiting != 1:
+        time.sleep(0.001)
+    gate.release(b, 0.1)
+    t.join(5)
+    assert got == [True, True] and gate.holder is a and gate.handovers == 2
+
+
+def test_a_dropped_waiter_leaves_at_once():
+    gate = StepGate(StepPolicy(), Clock())
+    a, b = claim(1), claim(2)
+    assert gate.acquire(a)
+    got = []
+    t = threading.Thread(target=lambda: got.append(gate.acquire(b)))
+    t.start()
+    while gate.waiting != 1:
+        time.sleep(0.001)
+    started = time.monotonic()
+    gate.drop(b)
+    t.join(5)
+    assert got == [False] and time.monotonic() - started < gate._POLL_S
+    gate.release(a, 0.1)
+    assert gate.holder is None
