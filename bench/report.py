@@ -18,6 +18,8 @@ Sections (each module's docstring says how its rows are measured):
   bench/versus.py   etserve against llama.cpp's server on the same model and threads: decode,
                     prefill, time to first token from 1k to 24k tokens, decode at fill 12k,
                     memory; bench/fim.py (fill-in-the-middle) and bench/perplexity.py
+  bench/sharing.py  a shared box: an editor's infill while an agent's 12k prompt is read, four
+                    chats at once, memory with the default slots (both servers' default slots)
   bench/agents.py   Claude Code's first turn against both servers; a second conversation of the
                     same agent after etserve restarts on its --session-dir
 """
@@ -37,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import agents, own, versus  # noqa: E402
+from bench import agents, own, sharing, versus  # noqa: E402
 from bench.machine import cpu_model, cpu_tier, load_average, memory_bandwidth, native_build  # noqa: E402
 from bench.models import default_model_dir, models_root  # noqa: E402
 from bench.table import log, markdown  # noqa: E402
@@ -71,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fim-cases", type=int, default=None, help="the first N FIM cases only (default: all 20)")
     p.add_argument("--skip-perplexity", action="store_true")
     p.add_argument("--skip-agents", action="store_true", help="no Claude Code rows (they take ~10 min)")
+    p.add_argument("--skip-sharing", action="store_true",
+                   help="no shared-box rows (bench/sharing.py: an infill during an agent, four chats at once)")
     p.add_argument("--no-peer-build", action="store_true", help="report a missing peer instead of building it")
     p.add_argument("--json", type=Path, default=None, help="also write the raw measurements here")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md",
@@ -144,6 +148,8 @@ def main(argv=None) -> None:
             rows += versus.rows_not_run(f"{args.model_dir} not built")
         else:
             rows += versus.peer_section(args, results)
+            if not args.skip_sharing:
+                rows += sharing.sharing_rows(args, results)
         if not args.skip_agents:
             rows += agents.agent_rows(args, results)
     load_end = load_average()

@@ -120,7 +120,8 @@ class EtServe(ServerProcess):
 
 class LlamaServer(ServerProcess):
     """llama.cpp's llama-server on one GGUF: `threads` threads for decode and prompt processing
-    alike, one slot (-np 1: one request at a time, as etserve serves them), `ctx` positions, on
+    alike, one slot (-np 1: one request at a time) unless `parallel` says otherwise (None: its
+    default slots, for the shared-box rows), `ctx` positions, on
     127.0.0.1 only, and no prompt cache in RAM besides the slot's own (--cache-ram 0: its default
     keeps up to 8 GiB of earlier prompts' states, which etserve does not). Everything else stays
     at the program's defaults (mmap'd weights, f16 KV cache, its batch sizes, flash attention
@@ -128,10 +129,12 @@ class LlamaServer(ServerProcess):
 
     name = "llama-server"
 
-    def __init__(self, program: Path, gguf: Path, threads: int, ctx: int, extra_args: tuple[str, ...] = ()):
+    def __init__(self, program: Path, gguf: Path, threads: int, ctx: int, extra_args: tuple[str, ...] = (),
+                 parallel: int | None = 1):
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.ctx = ctx
+        slots = ["-np", str(parallel)] if parallel is not None else []  # None: its default slots
         super().__init__([str(program), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                          "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", "1",
+                          "-t", str(threads), "-tb", str(threads), "-c", str(ctx), *slots,
                           "--no-webui", "--cache-ram", "0", *extra_args], ready_timeout=300)
