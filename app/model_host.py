@@ -134,6 +134,8 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
     template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token) \
         if template_source else None
     model_id = settings.model_id or _model_name(directory, manifest, settings)
+    if not 1 <= settings.parallel <= 64:
+        raise ValueError(f"--parallel must be 1 to 64 sequence slots, got {settings.parallel}")
     if settings.keep < -1:
         raise ValueError(f"--keep must be -1 (the system prompt's tokens) or 0 or more, got {settings.keep}")
     # a state saved on disk is only restored into the same .pte run by the same native library
@@ -142,7 +144,8 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
                     queue_timeout=settings.queue_timeout, session_cache_mib=settings.session_cache_mib,
                     session_dir=settings.session_dir or None, session_dir_mib=settings.session_dir_mib,
                     model_identity=identity, context_shift=settings.context_shift, keep=settings.keep,
-                    slots=settings.parallel, policy=StepPolicy(max_wait=settings.sched_max_wait))
+                    slots=settings.parallel, policy=StepPolicy(max_wait=settings.sched_max_wait),
+                    prefill_step_s=settings.prefill_step_ms / 1000)
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
     if engine.sessions.disk is not None:
         engine.sessions.disk.write_delay = faults.session_write_delay()  # 0 unless a test asks

@@ -36,6 +36,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("parallel", "ETSERVE_PARALLEL", "--parallel", "4",
             "sequence slots: requests generating at once, each with a KV state of its own (like "
             "llama.cpp's --parallel); they take turns a forward step at a time (docs/scheduling.md)"),
+    Setting("prefill_step_ms", "ETSERVE_PREFILL_STEP_MS", "--prefill-step-ms", "500",
+            "longest a prefill step should take: where --prefill-chunk tokens take longer (a long "
+            "context on a slow CPU), a step reads fewer, so a request arriving meanwhile soon gets "
+            "its turn; 0: always --prefill-chunk"),
     Setting("sched_max_wait", "ETSERVE_SCHED_MAX_WAIT", "--sched-max-wait", "3",
             "seconds a request in flight may wait for its next step while shorter ones go first; "
             "then it goes next (no request starves)"),
@@ -107,6 +111,7 @@ class Settings:
     threads: int
     prefill_chunk: int
     parallel: int
+    prefill_step_ms: int
     sched_max_wait: float
     max_queue: int
     queue_timeout: int

@@ -160,11 +160,13 @@ class Engine:
         keep: int = -1,
         slots: int = 1,
         policy: StepPolicy | None = None,
+        prefill_step_s: float = 0.5,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
         self.prefill_chunk = max(1, min(prefill_chunk, model.info.max_prefill_len))
         self.prefix_reuse = prefix_reuse
+        self.prefill_step_s = prefill_step_s  # a prefill step's longest time: chunks shrink to fit (0: off)
         self.max_queue = max_queue  # requests allowed to wait for a slot while all are busy
         self.queue_timeout = queue_timeout
         self._offload = offload
@@ -385,6 +387,15 @@ class Engine:
         slot.tokens = slot.tokens[:pos]
         return pos
 
+    def _chunk_size(self, per_token: float | None) -> int:
+        """Prompt tokens for the next prefill step: --prefill-chunk, fewer when a step that long
+        would take more than `prefill_step_s` (a long context on a slow CPU), so that a request
+        arriving meanwhile waits a fraction of a second; a multiple of 16, at least 16."""
+        if per_token is None or self.prefill_step_s <= 0 or per_token <= 0:
+            return self.prefill_chunk
+        fits = int(self.prefill_step_s / (per_token * 1.1)) // 16 * 16  # the context grows: 10% spare
+        return max(min(16, self.prefill_chunk), min(self.prefill_chunk, fits))
+
     def _reusable_prefix(self, kv: list[int], prompt: list[int]) -> int:
         if not self.prefix_reuse:
             return 0
@@ -414,9 +425,11 @@ class Engine:
             yield first
         t0 = time.perf_counter()
         event = None
+        per_token = None  # seconds a prompt token took in this sequence's last chunk
         while pos < len(prompt):
-            chunk = prompt[pos : pos + self.prefill_chunk]
+            chunk = prompt[pos : pos + self._chunk_size(per_token)]
             last = pos + len(chunk) == len(prompt)
+            served = claim.service
             if last:
                 out = self._with_step(slot, claim, cancel, self._sample_step, chunk, pos, request, rng, history,
                                       constraint)
@@ -427,6 +440,7 @@ class Engine:
                 return
             if last:
                 event, rng = out
+            per_token = (claim.service - served) / len(chunk)
             slot.tokens.extend(chunk)
             pos += len(chunk)
             update = progress()

@@ -209,3 +209,35 @@ def test_a_slot_keeps_its_conversation_for_the_next_turn(make_server):
                 assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1, usage
     slots = requests.get(srv.base_url + "/slots", timeout=30).json()
     assert sorted(s["n_ctx_used"] > 0 for s in slots) == [True, True]
+
+
+def _progress(srv, content: str) -> list[int]:
+    """The `processed` counts of a streamed chat's prompt_progress chunks."""
+    import json
+
+    r = requests.post(srv.base_url + "/v1/chat/completions", stream=True, timeout=300, json={
+        "messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0, "stream": True,
+        "return_progress": True})
+    assert r.status_code == 200, r.text
+    out = []
+    for line in r.iter_lines():
+        if line.startswith(b"data: {"):
+            chunk = json.loads(line[6:])
+            if chunk.get("prompt_progress"):
+                out.append(chunk["prompt_progress"]["processed"])
+    return out
+
+
+def test_prefill_steps_shrink_when_a_chunk_would_take_too_long(make_server):
+    """--prefill-step-ms: a step of --prefill-chunk tokens that takes longer than it is followed by
+    shorter ones (here 1 ms: every later step reads 16 tokens), so a request that arrives during a
+    long prompt on a slow CPU soon gets its turn; 0 keeps every step at --prefill-chunk."""
+    text = "Summarize:\n" + FILLER[:900]
+    quick = make_server({"ETSERVE_PREFILL_CHUNK": "64", "ETSERVE_PREFILL_STEP_MS": "1"})
+    processed = _progress(quick, "y " + text)
+    steps = [b - a for a, b in zip(processed, processed[1:])]
+    assert steps[0] == 64 and set(steps[1:-1]) == {16}, steps
+    fixed = make_server({"ETSERVE_PREFILL_CHUNK": "64", "ETSERVE_PREFILL_STEP_MS": "0"})
+    processed = _progress(fixed, "z " + text)
+    steps = [b - a for a, b in zip(processed, processed[1:])]
+    assert set(steps[:-1]) == {64}, steps

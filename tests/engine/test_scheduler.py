@@ -165,3 +165,18 @@ def test_a_dropped_waiter_leaves_at_once():
     assert got == [False] and time.monotonic() - started < gate._POLL_S
     gate.release(a, 0.1)
     assert gate.holder is None
+
+
+def test_prefill_steps_shrink_to_fit_the_step_time():
+    from types import SimpleNamespace
+
+    from app.engine import Engine
+
+    info = SimpleNamespace(max_seq_len=4096, max_prefill_len=512, vocab_size=10, eos_ids=(), bos_id=None)
+    engine = Engine(SimpleNamespace(info=info), prefill_chunk=128, prefill_step_s=0.5)
+    assert engine._chunk_size(None) == 128  # nothing measured yet
+    assert engine._chunk_size(0.001) == 128  # 128 tokens in 0.13 s: fits
+    assert engine._chunk_size(0.013) == 32  # a long context on a slow CPU: 0.5 s / 14.3 ms, to 16s
+    assert engine._chunk_size(1.0) == 16  # never fewer than 16
+    engine.prefill_step_s = 0
+    assert engine._chunk_size(1.0) == 128
