@@ -239,8 +239,13 @@ class DiskSessions:
 
     # the directory
     def attach(self, n_caches: int, bytes_per_position: int) -> None:
+        """Read the directory (made 0700 if new; its files are written 0600). OSError if the
+        directory cannot be made or read; a file in it that is not a usable state of this build,
+        whatever it holds, is set aside (ignored, with a warning)."""
         self.shape = (n_caches, bytes_per_position)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.directory.is_dir():
+            raise NotADirectoryError(f"{self.directory} is not a directory")
         stale_tmp = f".{self.identity[:12]}-"
         for path in sorted(self.directory.iterdir()):
             name = path.name
@@ -251,11 +256,11 @@ class DiskSessions:
                 continue
             try:
                 header, tokens = self._read_head(path)
-            except (OSError, CorruptFile, ValueError) as e:
+                st = path.stat()
+            except (OSError, CorruptFile, ValueError, RecursionError, MemoryError) as e:
                 self.ignored += 1
                 self._warn("session file %s ignored: %s", path, e)
                 continue
-            st = path.stat()
             self._entries[name] = DiskEntry(path, tokens, st.st_size, header.get("session_id"), st.st_mtime)
         self._evict_to(self.max_bytes)
         if self._log is not None:
@@ -275,7 +280,7 @@ class DiskSessions:
                 header = json.loads(raw)
                 n, data_bytes = int(header["n_tokens"]), int(header["data_bytes"])
                 shape = (int(header["n_caches"]), int(header["bytes_per_position"]))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError, AttributeError):
                 raise CorruptFile("damaged header") from None
             if header.get("identity") != self.identity:
                 raise CorruptFile("written by another model build")
@@ -406,8 +411,11 @@ class DiskSessions:
 
     def write(self, tokens: tuple[int, ...], data: bytes | bytearray, session_id: str | None,
               offload: Callable = lambda fn, *a: fn(*a)) -> DiskEntry | None:
-        """Write a state now (atomically, the file work through `offload`), dropping the states
-        it makes obsolete, then the least recently used ones until all fit under the cap."""
+        """Write a state now (atomically, the file work through `offload`): first the least
+        recently used states go until it fits under the cap (so a disk sized to the cap does not
+        fill up), then it is written and the states it makes obsolete go."""
+        header = 512 + len(self.identity) + 6 * len(session_id or "")  # at least its JSON header's length
+        self._evict_to(self.max_bytes - (len(DISK_MAGIC) + _U32.size + header + 4 * len(tokens) + len(data)))
         path, size = offload(self._write_file, tokens, data, session_id)
         name = path.name
         entry = DiskEntry(path, tokens, size, session_id, time.time())
@@ -447,7 +455,7 @@ class DiskSessions:
         try:
             if self.write_delay:
                 time.sleep(self.write_delay)
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
                 f.write(DISK_MAGIC + _U32.pack(len(header)) + header + token_raw)
                 f.write(data)
                 f.flush()
@@ -550,7 +558,13 @@ class KvSessions:
             self.usable()
             return
         self._usable = True
-        disk.attach(info.n_caches, info.bytes_per_position)
+        try:
+            disk.attach(info.n_caches, info.bytes_per_position)
+        except OSError as e:  # not a directory, not ours to read: serve without it
+            self.disk = None
+            if self._log is not None:
+                self._log.warning("the session directory %s is not used: %s", disk.directory, e)
+            return
         self.cache.on_evict = self._evicted
 
     @property

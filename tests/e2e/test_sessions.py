@@ -115,3 +115,24 @@ def test_invalid_session_header_is_400(server):
                       headers={"X-ExecuTorch-Session-ID": "y" * 129})
     assert_envelope(r, 400, "X-ExecuTorch-Session-ID")
     assert_envelope(requests.delete(f"{server.base_url}/v1/sessions/{'z' * 129}", timeout=10), 400, "session_id")
+
+
+def test_a_session_dir_that_cannot_be_used_does_not_stop_the_server(make_server, tmp_path):
+    """--session-dir names a file, or a directory full of poison: the server starts and serves."""
+    import os
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("not a directory")
+    poisoned = tmp_path / "poisoned"
+    poisoned.mkdir()
+    (poisoned / "deep.kv").write_bytes(b"ETSKV\x01\r\n" + (20000).to_bytes(4, "little") + b"[" * 20000)
+    (poisoned / "dir.kv").mkdir()
+    os.mkfifo(poisoned / "fifo.kv")
+    for directory in (not_a_dir, poisoned):
+        srv = make_server({"ETSERVE_SESSION_DIR": str(directory)})
+        r = requests.post(srv.base_url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "session_id": "s"})
+        assert r.status_code == 200, r.text
+        srv.stop()
+    written = [p for p in poisoned.glob("*.kv") if p.is_file() and p.name != "deep.kv"]
+    assert written and all(p.stat().st_mode & 0o777 == 0o600 for p in written)  # the state it saved: private

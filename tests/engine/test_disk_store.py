@@ -117,3 +117,60 @@ def test_the_identity_changes_with_the_file(tmp_path):
     assert model_identity(f) == first
     f.write_bytes(b"y" * 5000)
     assert model_identity(f) != first
+
+
+def _hostile_header(header: bytes) -> bytes:
+    from app.engine.sessions import DISK_MAGIC, _U32
+
+    return DISK_MAGIC + _U32.pack(len(header)) + header
+
+
+def test_a_poisoned_directory_never_stops_the_store_from_starting(tmp_path, caplog):
+    """Whatever lies in the directory: a header nested too deep to parse, a header that is not an
+    object, a directory and a FIFO named like states, a symlink loop, an unreadable file. Each
+    is set aside with a warning; the good state is still found."""
+    good = store(tmp_path).write(*state(range(10, 30)), None)
+    (tmp_path / "deep.kv").write_bytes(_hostile_header(b"[" * 60000 + b"]" * 60000))
+    (tmp_path / "list.kv").write_bytes(_hostile_header(b"[1, 2, 3]"))
+    (tmp_path / "huge-count.kv").write_bytes(_hostile_header(
+        b'{"identity": "build-a", "n_caches": 2, "bytes_per_position": 16, "n_tokens": 99999999999, '
+        b'"data_bytes": 1599999999984}'))
+    (tmp_path / "dir.kv").mkdir()
+    os.mkfifo(tmp_path / "fifo.kv")
+    (tmp_path / "loop.kv").symlink_to(tmp_path / "loop.kv")
+    locked = tmp_path / "locked.kv"
+    locked.write_bytes(_hostile_header(b"{}"))
+    locked.chmod(0)
+    with caplog.at_level(logging.WARNING):
+        again = store(tmp_path)
+    assert [e.tokens for e in again.entries()] == [good.tokens]
+    assert again.ignored >= 4 and "deep.kv" in caplog.text and "list.kv" in caplog.text
+
+
+def test_state_files_are_private(tmp_path):
+    directory = tmp_path / "sessions"
+    disk = store(directory)
+    entry = disk.write(*state(range(5, 25)), "mine")
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert entry.path.stat().st_mode & 0o777 == 0o600
+
+
+def test_old_states_go_before_a_new_one_is_written(tmp_path, monkeypatch):
+    """At the cap, the least recently used state is deleted before the new file is written: a disk
+    sized to the cap never holds both."""
+    t1, d1 = state(range(100, 300))
+    disk = store(tmp_path)
+    disk.write(t1, d1, None)
+    disk.max_bytes = int(disk.used_bytes * 1.5)  # room for one such state, not two
+    seen = []
+    write_file = disk._write_file
+
+    def spy(*args):
+        seen.append(sorted(p.name for p in tmp_path.glob("*.kv")))
+        return write_file(*args)
+
+    monkeypatch.setattr(disk, "_write_file", spy)
+    t2, d2 = state(range(400, 600))
+    disk.write(t2, d2, None)
+    assert seen == [[]]  # the old state was gone before the new one was written
+    assert [e.tokens for e in disk.entries()] == [t2]
