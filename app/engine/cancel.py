@@ -10,8 +10,11 @@ from typing import Callable
 class CancelToken:
     """Checked by the engine between prefill chunks and between decode steps."""
 
-    def __init__(self, probe: Callable[[], bool] | None = None):
+    def __init__(self, probe: Callable[[], bool] | None = None, supersede_key: str | None = None):
         self._cancelled = False
+        # a newer request with the same key cancels this one (Engine.generate): an editor's next
+        # completion request makes the one in flight worthless
+        self.supersede_key = supersede_key
         self._probe = probe
         self.reason: str | None = None
         self.generations: list = []  # GenerationStats of each generation run under it (the request log)

@@ -84,8 +84,6 @@ class GenerationRequest:
     report_progress: bool = False  # also yield PromptProgress events while the prompt is read
     keep: int | None = None  # context shift: tokens at the start never dropped (e.g. the system
     #                          prompt's); the engine's own --keep, when set, wins
-    supersede_key: str | None = None  # a newer request with the same key cancels this one (an
-    #                                   editor's infill for the same document, typed further)
 
 
 @dataclass(frozen=True)
@@ -285,7 +283,7 @@ class Engine:
         claim = Claim(seq=next(self._seq), arrival=self._gate.clock())
         holder: list = []  # the slot this generation runs in, once it has one
         prefer = None
-        key = request.supersede_key
+        key = cancel.supersede_key
         if key is not None:
             older = self._superseding.get(key)
             if older is not None:
@@ -317,10 +315,10 @@ class Engine:
         finally:
             stats.queued_ms = (time.perf_counter() - t0) * 1000
         if slot is None:
-            self._forget_key(request, holder)
+            self._forget_key(cancel, holder)
             raise QueueTimeoutError(time.perf_counter() - t0)
         if slot is False:
-            self._forget_key(request, holder)
+            self._forget_key(cancel, holder)
             stats.finish_reason = "cancelled"
             return
         holder.append(slot)
@@ -341,13 +339,13 @@ class Engine:
                 if not failed and self.sessions.disk is not None:  # its state, on disk for later and restarts
                     self._with_step(slot, claim, None, self.sessions.persist_live, slot)
             finally:
-                self._forget_key(request, holder)
+                self._forget_key(cancel, holder)
                 self.slot_table.release(slot)
             for observe in self.observers:
                 observe(stats)
 
-    def _forget_key(self, request: GenerationRequest, holder: list) -> None:
-        key = request.supersede_key
+    def _forget_key(self, cancel: CancelToken, holder: list) -> None:
+        key = cancel.supersede_key
         if key is not None:
             entry = self._superseding.get(key)
             if entry is not None and entry[1] is holder:

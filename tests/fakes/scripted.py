@@ -149,6 +149,7 @@ class ScriptedRuntime:
         self.prompts: list[str] = []  # each generation's prompt text, in the order they ran
         self.masked = 0
         self.forward_calls = 0
+        self.forwards_started = 0
         self.forward_tokens = 0
         self.fail_next_forward: str | None = None  # the next forward raises NativeError with this text
         self._gate = threading.Event()
@@ -181,6 +182,7 @@ class ScriptedRuntime:
 
     # -- the NativeModel interface
     def forward(self, tokens: Sequence[int], start_pos: int) -> None:
+        self.forwards_started += 1  # (a held call counts as started)
         if not self._gate.wait(30):
             raise NativeError("ScriptedRuntime.hold() was never released", 3)
         if self.fail_next_forward is not None:
