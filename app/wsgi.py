@@ -24,6 +24,7 @@ from app.llamacpp.infill.serving import Infill
 from app.llamacpp.slots.routes import SlotsResource
 from app.openai import errors
 from app.openai.chat.routes import chat_completions_resource
+from app.openai.cancel import editor_key
 from app.openai.chat.serving import ChatCompletions
 from app.openai.generation_resource import GenerationResource
 from app.openai.completions.routes import completions_resource
@@ -49,7 +50,7 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
     sessions = SessionsResource(model)
     # llama.cpp's route: its stream has no `data: [DONE]`
     infill = GenerationResource(parse_infill_request, Infill(model), settings.max_body_bytes,
-                                sse_keepalive=settings.sse_keepalive, done=False)
+                                sse_keepalive=settings.sse_keepalive, done=False, supersede=editor_key)
     app.add_route("/infill", infill)
     app.add_route("/slots", SlotsResource(model))
     responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size))

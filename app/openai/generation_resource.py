@@ -34,18 +34,20 @@ class GenerationResource:
     """
 
     def __init__(self, parse: Callable[[Any], Any], service, max_body_bytes: int, *, sse_keepalive: float = 0.0,
-                 error_event: Callable[[Exception], Event] = openai_error_event, done: bool = True):
+                 error_event: Callable[[Exception], Event] = openai_error_event, done: bool = True,
+                 supersede: Callable[[falcon.Request, Any], str | None] | None = None):
         self.parse = parse
         self.service = service
         self.max_body_bytes = max_body_bytes
         self.sse_keepalive = sse_keepalive  # seconds of silence before a `: keep-alive` comment; 0: none
         self.error_event = error_event
         self.done = done
+        self.supersede = supersede  # (req, request) -> a key: a newer request with it cancels this one
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = with_header_session(self.parse(read_json(req, self.max_body_bytes)), req)
         prepared = self.service.prepare(request)  # every request error is raised here, before output
-        cancel = cancel_token_for(req)
+        cancel = cancel_token_for(req, self.supersede(req, request) if self.supersede else None)
 
         def finished() -> None:  # before gunicorn writes the access line
             cancel.close()

@@ -241,3 +241,31 @@ def test_prefill_steps_shrink_when_a_chunk_would_take_too_long(make_server):
     processed = _progress(fixed, "z " + text)
     steps = [b - a for a, b in zip(processed, processed[1:])]
     assert set(steps[:-1]) == {64}, steps
+
+
+def test_an_editors_next_infill_supersedes_the_one_in_flight(qwen_server):
+    """llama.vscode sends an /infill at every pause in typing: the one still streaming is worthless
+    once the next arrives. The older stream ends early, the newer reads only what is new."""
+    import json
+
+    srv = qwen_server
+    srv.wait_idle()
+    prefix = "import math\n\n" + "".join(f"def f{i}(x):\n    return math.sqrt(x) + {i}\n\n" for i in range(30))
+    body = {"input_prefix": prefix + "def g(x):\n    ", "input_suffix": "\n", "n_predict": 400, "temperature": 0,
+            "stream": True}
+    older = requests.post(srv.base_url + "/infill", json=body, stream=True, timeout=300)
+    lines = older.iter_lines()
+    assert any(line.startswith(b"data: ") for line in lines)  # it is generating
+    newer = requests.post(srv.base_url + "/infill", timeout=300, json={
+        **body, "input_prefix": body["input_prefix"] + "return", "n_predict": 8, "stream": False})
+    assert newer.status_code == 200, newer.text
+    rest = [json.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
+    generated = sum(1 for chunk in rest if chunk.get("content"))
+    assert generated < 300 and not any(chunk.get("stop") for chunk in rest)  # cut off, no final chunk
+    assert newer.json()["tokens_cached"] > 300  # the older's prompt, still in its slot
+    # another client (another User-Agent) does not cancel anyone's
+    other = requests.post(srv.base_url + "/infill", json={**body, "n_predict": 40}, stream=True, timeout=300,
+                          headers={"User-Agent": "another-editor"})
+    third = requests.post(srv.base_url + "/infill", timeout=300, json={**body, "n_predict": 4, "stream": False})
+    chunks = [json.loads(line[6:]) for line in other.iter_lines() if line.startswith(b"data: ")]
+    assert third.status_code == 200 and chunks[-1].get("stop") is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..cancel import editor_key
 from ..generation_resource import GenerationResource
 from .protocol import parse_completion_request
 from .serving import Completions
@@ -9,4 +10,6 @@ from .serving import Completions
 
 def completions_resource(service: Completions, max_body_bytes: int, *,
                          sse_keepalive: float = 0.0) -> GenerationResource:
-    return GenerationResource(parse_completion_request, service, max_body_bytes, sse_keepalive=sse_keepalive)
+    # fill in the middle (a `suffix`) is an editor's: its next one supersedes the one in flight
+    return GenerationResource(parse_completion_request, service, max_body_bytes, sse_keepalive=sse_keepalive,
+                              supersede=lambda req, request: editor_key(req) if request.suffix is not None else None)
