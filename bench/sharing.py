@@ -43,7 +43,7 @@ CHAT_TOKENS = 200
 
 
 def _infill_body(r: int) -> dict:
-    code = source_text(f"editor{r}", 40)
+    code = source_text(f"editor{r}", 15)  # a 60-line file
     cut = code.index("    return", len(code) // 2)
     return {"input_prefix": code[:cut] + "    ", "input_suffix": code[cut:].split("\n", 1)[1],
             "n_predict": 32, "temperature": 0, "cache_prompt": True}
