@@ -114,7 +114,8 @@ def test_tools_choices_and_server_tools():
 
 def test_thinking_output_config_and_metadata():
     assert parse(thinking={"type": "disabled"}).template_kwargs == {"enable_thinking": False}
-    assert parse(thinking={"type": "enabled", "budget_tokens": 1024}).template_kwargs == {"enable_thinking": True}
+    assert parse(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2048).template_kwargs == {
+        "enable_thinking": True}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert parse(output_config={"effort": "low", "format": {"type": "json_schema", "schema": schema}}
                  ).response_format.schema == schema
