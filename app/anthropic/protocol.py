@@ -59,6 +59,7 @@ class MessagesRequest:
     response_format: ResponseFormat | None  # output_config.format
     template_kwargs: dict[str, Any]
     session_id: str | None = None  # from metadata.user_id, else a session header
+    thinking_budget: int | None = None  # thinking.budget_tokens: the most tokens the thinking may take
 
 
 def parse_messages_request(body: Any) -> MessagesRequest:
@@ -95,7 +96,9 @@ def _parse(body: Any, *, counting: bool) -> MessagesRequest:
     if tool_choice == "none":
         tools = None  # the model sees no tools
     response_format = _output_config(f.obj("output_config"))
-    template_kwargs = _thinking(f.obj("thinking"), max_tokens)
+    thinking = f.obj("thinking")
+    template_kwargs = _thinking(thinking, max_tokens)
+    thinking_budget = thinking.get("budget_tokens") if thinking and thinking.get("type") == "enabled" else None
     session_id = _session_from_metadata(f.raw("metadata"))
     for name in IGNORED_FIELDS:
         f.raw(name)
@@ -106,7 +109,7 @@ def _parse(body: Any, *, counting: bool) -> MessagesRequest:
     return MessagesRequest(model=model, messages=messages, max_tokens=max_tokens, params=params, stream=stream,
                            tools=tools, tool_choice=tool_choice, forced_tool=forced_tool,
                            parallel_tool_calls=parallel, response_format=response_format,
-                           template_kwargs=template_kwargs, session_id=session_id)
+                           template_kwargs=template_kwargs, session_id=session_id, thinking_budget=thinking_budget)
 
 
 def _blocks(where: str, content: Any) -> list[dict[str, Any]]:
