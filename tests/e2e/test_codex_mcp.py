@@ -57,3 +57,19 @@ def test_codex_calls_a_tool_of_its_mcp_server_through_etserve(codex, codex_mcp_e
     assert mcp[0]["status"] == "completed" and "PERIWINKLE-42" in json.dumps(mcp[0]["result"]), mcp
     assert calls.exists() and json.loads(calls.read_text().splitlines()[0])["name"] == "lookup_code_word"
     assert [e for e in out if e.get("type") == "turn.completed"], out  # the turn went on after the tool output
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "clients" / "corpus"
+
+
+@pytest.mark.parametrize("name", ["codex-0.171.0-mcp-tool-output", "codex-0.171.0-history-image-apply-patch"])
+def test_codex_histories_go_on_to_another_turn(qwen_server, name):
+    """Codex's requests replayed as it sends them (the whole history each turn): a namespaced
+    call and its output, a pasted image, an apply_patch call, a shell call, a compaction item."""
+    spec = json.loads((CORPUS / f"{name}.json").read_text())
+    with requests.post(qwen_server.base_url + spec["route"], json=spec["body"], stream=True, timeout=TURN_TIMEOUT) as r:
+        assert r.status_code == 200, r.text
+        kinds = [json.loads(line[6:])["type"] for line in r.iter_lines(decode_unicode=True)
+                 if line and line.startswith("data: ")]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    assert "response.output_item.done" in kinds
