@@ -238,6 +238,10 @@ class Messages:
         return shapes.message(prepared.id, self.model.id, blocks.blocks, stop_reason(pipeline),
                               pipeline.stop_sequence, usage(pipeline.stats))
 
+    def keepalive_event(self, prepared: PreparedMessage):
+        """The stream's keep-alive: Anthropic's own `ping` event, not an SSE comment."""
+        return shapes.ping
+
     def stream(self, prepared: PreparedMessage, cancel: CancelToken) -> Iterator[Named]:
         """message_start, ping, each block's start / deltas / stop, message_delta, message_stop."""
         prompt_tokens = len(prepared.chat.generation.prompt)

@@ -13,7 +13,7 @@ import itertools
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from app.engine import CancelToken
@@ -36,6 +36,7 @@ class PreparedResponse:
     id: str
     created_at: int
     session_id: str | None
+    numbers: Iterator[int] = field(default_factory=itertools.count)  # the stream's sequence numbers
 
 
 def previous_not_found(response_id: str) -> APIError:
@@ -99,6 +100,16 @@ class Responses:
                 final = event["response"]
         return final
 
+    def keepalive_event(self, prepared: PreparedResponse):
+        """The stream's keep-alive while it waits for the model or its prompt is read: a
+        `response.in_progress` event (numbered in turn), which Codex's idle timer counts, where
+        it does not count an SSE comment."""
+        def beat() -> Named:
+            event = shapes.lifecycle("in_progress", self._response(prepared, "in_progress", [], None))
+            event["sequence_number"] = next(prepared.numbers)
+            return Named(event["type"], event)
+        return beat
+
     def stream(self, prepared: PreparedResponse, cancel: CancelToken) -> Iterator[Named]:
         for event in self._events(prepared, cancel):
             yield Named(event["type"], event)
@@ -107,7 +118,7 @@ class Responses:
                 whole: bool = False) -> Iterator[dict[str, Any]]:
         """Every event of the response in order, numbered; the last is response.completed
         (or .incomplete), or response.failed then error (`whole`: the error is raised)."""
-        numbers = itertools.count()
+        numbers = prepared.numbers  # shared with keepalive_event's events
 
         def numbered(event: dict[str, Any]) -> dict[str, Any]:
             event["sequence_number"] = next(numbers)
