@@ -227,8 +227,14 @@ class Messages:
         try:
             prepared = self.chat.prepare(self.chat_request(request))
         except APIError as e:
-            if e.code == "context_length_exceeded":  # the words Anthropic's clients look for
-                raise APIError(400, f"prompt is too long: {e.message}", code=e.code, param=e.param) from None
+            if e.code == "context_length_exceeded":  # Anthropic's words: Claude Code reads the two numbers
+                tokens, context = getattr(e, "prompt_tokens", None), getattr(e, "context", None)
+                if tokens is not None and context is not None:
+                    message = (f"prompt is too long: {tokens} tokens > {context - 1} maximum "
+                               f"(this model's context holds {context} tokens)")
+                else:
+                    message = f"prompt is too long: {e.message}"
+                raise APIError(400, message, code=e.code, param=e.param) from None
             raise
         generation = prepared.generation
         if request.max_tokens is not None and request.max_tokens < generation.max_tokens:

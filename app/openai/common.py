@@ -35,12 +35,14 @@ def check_token_list(tokens: list[int], limit: int, param: str) -> None:
 
 def context_error(prompt_tokens: int, requested: int | None, context: int, *, param: str = "messages") -> APIError:
     asked = f" plus {requested} requested tokens" if requested else ""
-    return APIError(
+    err = APIError(
         400,
         f"this model's context holds {context} tokens; the prompt has {prompt_tokens}{asked}",
         code="context_length_exceeded",
         param=param,
     )
+    err.prompt_tokens, err.context = prompt_tokens, context  # for APIs that state them in their own words
+    return err
 
 
 def plan_generation(model: ServedModel, tokens: list[int], params: GenerationParams, *, param: str,

@@ -166,3 +166,16 @@ def test_messages_thinking_budget_is_validated_in_anthropics_shape(client):
         assert says in r.json["error"]["message"], r.json
     assert post({"type": "enabled", "budget_tokens": 1024}, 2048).status_code == 200
     assert post({"type": "adaptive", "display": "omitted"}).status_code == 200
+
+
+def test_a_messages_prompt_over_the_context_says_so_in_anthropics_words(fake, client):
+    """'prompt is too long: N tokens > M maximum': Claude Code parses the two numbers from
+    Anthropic's wording (to size its compaction); any other wording leaves it guessing."""
+    import re
+
+    r = client.simulate_post("/v1/messages", json={"model": "m", "max_tokens": 8,
+                                                   "messages": [{"role": "user", "content": "x" * 3000}]})
+    assert r.status_code == 400 and r.json["error"]["type"] == "invalid_request_error"
+    m = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", r.json["error"]["message"])
+    assert m, r.json
+    assert int(m.group(1)) > int(m.group(2)) == fake.served.context_length - 1
