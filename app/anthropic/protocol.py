@@ -179,7 +179,8 @@ def _system_text(where: str, value: Any, *, strip_billing: bool = False) -> str:
     if isinstance(value, list):
         for j, block in enumerate(value):
             if isinstance(block, dict) and block.get("type") != "text":
-                raise invalid_value(f"{where}[{j}]", f"system content takes text blocks only, not {block.get('type')!r}")
+                raise invalid_value(f"{where}[{j}]",
+                                    f"system content takes text blocks only, not {block.get('type')!r}")
     for j, block in enumerate(_blocks(where, value)):
         if block["type"] != "text":
             raise invalid_value(f"{where}[{j}]", f"system content takes text blocks only, not {block['type']!r}")

@@ -70,7 +70,8 @@ PARTS = {
 def test_every_handled_item_type_is_accepted(kind):
     r = parse_responses_request({"input": [HANDLED[kind], {"role": "user", "content": "go on"}]})
     # (a reasoning item joins the next assistant turn; here there is none)
-    assert r.messages[-1] == {"role": "user", "content": "go on"} and len(r.messages) >= (1 if kind == "reasoning" else 2)
+    assert r.messages[-1] == {"role": "user", "content": "go on"}
+    assert len(r.messages) >= (1 if kind == "reasoning" else 2)
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSED))
@@ -108,7 +109,8 @@ def test_codex_history_with_an_image_and_an_apply_patch_call_becomes_tool_turns(
     r = parse_responses_request(body)
     assert r.messages[0]["content"].startswith("Fix this:[image:")
     assert r.messages[1] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}},
+        {"id": "c1", "type": "function",
+         "function": {"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}},
     ]}
     assert r.messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "Success.", "name": "apply_patch"}
     assert r.messages[3]["tool_calls"][0]["function"] == {"name": "local_shell", "arguments": {

@@ -11,7 +11,8 @@ from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
 from app.output import ChoicePipeline, OutputOptions, PromptProgress
 
-from ..common import check_model, fim_generation, fim_prompt, fim_reserve, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
+from ..common import check_model, fim_generation, fim_prompt, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
+from ..common import fim_reserve
 from ..errors import invalid_value
 from ..generation_params import check_token_ids
 from ..logprobs import LegacyLogprobs
