@@ -23,6 +23,7 @@ from app.llamacpp.completion.protocol import parse_completion_request
 from app.llamacpp.completion.serving import Completion
 from app.llamacpp.infill.protocol import parse_infill_request
 from app.llamacpp.infill.serving import Infill
+from app.llamacpp.props import PropsResource
 from app.openai import errors
 from app.openai.chat.routes import chat_completions_resource
 from app.openai.chat.serving import ChatCompletions
@@ -55,6 +56,7 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
     completion = GenerationResource(parse_completion_request, Completion(model), settings.max_body_bytes,
                                     sse_keepalive=settings.sse_keepalive, done=False)
     app.add_route("/completion", completion)
+    app.add_route("/props", PropsResource(model))
     responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size))
     responses = responses_resource(responses_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
     stored_responses = StoredResponseResource(responses_service)

@@ -179,3 +179,9 @@ def test_a_messages_prompt_over_the_context_says_so_in_anthropics_words(fake, cl
     m = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", r.json["error"]["message"])
     assert m, r.json
     assert int(m.group(1)) > int(m.group(2)) == fake.served.context_length - 1
+
+
+def test_props_states_the_context_window_where_llama_vscode_reads_it(fake, client):
+    props = client.simulate_get("/props").json
+    assert props["default_generation_settings"]["n_ctx"] == fake.served.context_length
+    assert props["total_slots"] == 1 and props["modalities"] == {"vision": False, "audio": False}
