@@ -90,9 +90,9 @@ def fit_fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, 
 
 def fim_reserve(model: ServedModel, max_tokens: int | None) -> int:
     """Tokens of the context a FIM prompt leaves for the middle: what was asked for (or, without
-    a limit, a quarter of the context, at most 256 tokens), within the context's half."""
+    a limit, a quarter of the context, at most 256 tokens); the prompt keeps at least 32."""
     wanted = max_tokens if max_tokens else min(256, model.context_length // 4)
-    return max(1, min(wanted, model.context_length // 2))
+    return max(1, min(wanted, model.context_length - 32))
 
 
 def fim_generation(model: ServedModel, generation: GenerationRequest) -> GenerationRequest:
