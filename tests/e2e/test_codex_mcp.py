@@ -43,20 +43,30 @@ def codex_mcp_env(qwen_server, tmp_path_factory):
 
 
 def test_codex_calls_a_tool_of_its_mcp_server_through_etserve(codex, codex_mcp_env):  # noqa: F811
+    """Codex sends no temperature (the API's default, 1): whether the 0.5B model calls the tool is
+    sampled. Each attempt is a fresh thread; every one must complete, one must call the tool."""
     env, work, calls = codex_mcp_env
-    run = subprocess.run(
-        [str(codex), "exec", "--skip-git-repo-check", "--color", "never", "--json",
-         "--dangerously-bypass-approvals-and-sandbox",  # MCP calls need approval otherwise; exec cannot ask
-         "Call the lookup_code_word tool (no arguments needed), then tell me the code word it returns."],
-        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TURN_TIMEOUT)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    out = events(run.stdout)
-    mcp = [e["item"] for e in out if e.get("type") == "item.completed" and e["item"].get("type") == "mcp_tool_call"]
-    assert mcp, ("the model did not call the MCP tool", out)
+    attempts = []
+    for _ in range(3):
+        run = subprocess.run(
+            [str(codex), "exec", "--skip-git-repo-check", "--color", "never", "--json",
+             "--dangerously-bypass-approvals-and-sandbox",  # MCP calls need approval otherwise; exec cannot ask
+             "Call the lookup_code_word tool now (it takes no arguments). Then reply with the code word it returns."],
+            cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TURN_TIMEOUT)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        out = events(run.stdout)
+        assert [e for e in out if e.get("type") == "turn.completed"], out
+        mcp = [e["item"] for e in out if e.get("type") == "item.completed"
+               and e["item"].get("type") == "mcp_tool_call"]
+        attempts.append(mcp)
+        if mcp:
+            break
+    print(f"\nMCP calls per attempt: {[len(a) for a in attempts]}")
+    mcp = attempts[-1]
+    assert mcp, ("in 3 attempts the model never called the MCP tool", attempts)
     assert mcp[0]["server"] == "codeword" and mcp[0]["tool"] == "lookup_code_word", mcp
     assert mcp[0]["status"] == "completed" and "PERIWINKLE-42" in json.dumps(mcp[0]["result"]), mcp
     assert calls.exists() and json.loads(calls.read_text().splitlines()[0])["name"] == "lookup_code_word"
-    assert [e for e in out if e.get("type") == "turn.completed"], out  # the turn went on after the tool output
 
 
 CORPUS = Path(__file__).resolve().parents[1] / "clients" / "corpus"
