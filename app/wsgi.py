@@ -19,8 +19,11 @@ from app.engine.offload import run_blocking, spawn
 from app.health import HealthResource, ModelState, RequireModel
 from app.metrics import Metrics, MetricsResource, ObserveRequests, metrics_open, route_finder
 from app.model_host import ServedModel, load_served_model
+from app.llamacpp.completion.protocol import parse_completion_request
+from app.llamacpp.completion.serving import Completion
 from app.llamacpp.infill.protocol import parse_infill_request
 from app.llamacpp.infill.serving import Infill
+from app.llamacpp.props import PropsResource
 from app.llamacpp.slots.routes import SlotsResource
 from app.openai import errors
 from app.openai.chat.routes import chat_completions_resource
@@ -53,12 +56,17 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
                                 sse_keepalive=settings.sse_keepalive, done=False, supersede=editor_key)
     app.add_route("/infill", infill)
     app.add_route("/slots", SlotsResource(model))
+    completion = GenerationResource(parse_completion_request, Completion(model), settings.max_body_bytes,
+                                    sse_keepalive=settings.sse_keepalive, done=False)
+    app.add_route("/completion", completion)
+    app.add_route("/props", PropsResource(model))
     responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size))
     responses = responses_resource(responses_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
     stored_responses = StoredResponseResource(responses_service)
     for prefix in ("/v1", ""):
         app.add_route(f"{prefix}/chat/completions", chat)
-        app.add_route(f"{prefix}/completions", completions)
+        # llama.cpp's own /completions (no /v1) is its /completion; /v1/completions is OpenAI's
+        app.add_route(f"{prefix}/completions", completions if prefix else completion)
         for name in ("tokenize", "detokenize", "apply-template"):
             app.add_route(f"{prefix}/{name}", tokenizer, suffix=name.replace("-", "_"))
         app.add_route(f"{prefix}/models", models)

@@ -31,7 +31,16 @@ IGNORED_FIELDS = ("metadata", "service_tier", "cache_control", "context_manageme
                   "diagnostics", "user_profile_id", "workspace_id", "betas", "container")
 # Known fields this server cannot honour: refused by name when set.
 NOT_SUPPORTED = ("mcp_servers",)
-REFUSED_BLOCKS = ("image", "document")  # this model reads text only
+# Blocks the model cannot read (it reads text only): a short placeholder, and a warning in the log
+# (a document of plain text is read as text). Claude Code sends images when a user pastes one and
+# in tool results (its Read tool on an image): refusing them would end the conversation.
+PLACEHOLDER_BLOCKS = ("image", "document")
+# What server tools (which this server does not run) did in a conversation begun elsewhere: a note.
+SERVER_TOOL_BLOCKS = ("server_tool_use", "mcp_tool_use", "web_search_tool_result", "web_fetch_tool_result",
+                      "code_execution_tool_result", "bash_code_execution_tool_result",
+                      "text_editor_code_execution_tool_result", "tool_search_tool_result", "mcp_tool_result",
+                      "container_upload", "tool_reference")
+_warned_blocks: set[str] = set()
 MAX_TOOL_NAME = 128
 _logged_server_tools: set[str] = set()
 
@@ -50,6 +59,7 @@ class MessagesRequest:
     response_format: ResponseFormat | None  # output_config.format
     template_kwargs: dict[str, Any]
     session_id: str | None = None  # from metadata.user_id, else a session header
+    thinking_budget: int | None = None  # thinking.budget_tokens: the most tokens the thinking may take
 
 
 def parse_messages_request(body: Any) -> MessagesRequest:
@@ -86,7 +96,9 @@ def _parse(body: Any, *, counting: bool) -> MessagesRequest:
     if tool_choice == "none":
         tools = None  # the model sees no tools
     response_format = _output_config(f.obj("output_config"))
-    template_kwargs = _thinking(f.obj("thinking"))
+    thinking = f.obj("thinking")
+    template_kwargs = _thinking(thinking, max_tokens)
+    thinking_budget = thinking.get("budget_tokens") if thinking and thinking.get("type") == "enabled" else None
     session_id = _session_from_metadata(f.raw("metadata"))
     for name in IGNORED_FIELDS:
         f.raw(name)
@@ -97,7 +109,7 @@ def _parse(body: Any, *, counting: bool) -> MessagesRequest:
     return MessagesRequest(model=model, messages=messages, max_tokens=max_tokens, params=params, stream=stream,
                            tools=tools, tool_choice=tool_choice, forced_tool=forced_tool,
                            parallel_tool_calls=parallel, response_format=response_format,
-                           template_kwargs=template_kwargs, session_id=session_id)
+                           template_kwargs=template_kwargs, session_id=session_id, thinking_budget=thinking_budget)
 
 
 def _blocks(where: str, content: Any) -> list[dict[str, Any]]:
@@ -106,13 +118,43 @@ def _blocks(where: str, content: Any) -> list[dict[str, Any]]:
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise invalid_value(where, f"'{where}' must be a string or an array of content blocks")
+    out = []
     for j, block in enumerate(content):
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise invalid_value(f"{where}[{j}]", f"'{where}[{j}]' must be a content block with a string 'type'")
-        if block["type"] in REFUSED_BLOCKS:
-            raise invalid_value(f"{where}[{j}]", f"{block['type']} blocks are not supported: "
-                                "this model reads text only")
-    return content
+        kind = block["type"]
+        if kind in PLACEHOLDER_BLOCKS:
+            source = block.get("source")
+            if not isinstance(source, dict) or source.get("type") not in ("base64", "url", "file", "text",
+                                                                          "content"):
+                raise invalid_value(f"{where}[{j}]", f"an {kind} block needs a 'source' object "
+                                                     "(base64, url, file or text)")
+            block = {"type": "text", "text": _placeholder(kind, block)}
+        elif kind == "search_result":
+            texts = [c.get("text", "") for c in block.get("content") or () if isinstance(c, dict)]
+            block = {"type": "text", "text": "\n".join([str(block.get("title", "")), *texts]).strip()}
+        out.append(block)
+    return out
+
+
+def _placeholder(kind: str, block: dict[str, Any]) -> str:
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    if kind == "document" and source.get("type") == "text" and isinstance(source.get("data"), str):
+        title = block.get("title")
+        return (f"{title}\n" if isinstance(title, str) and title else "") + source["data"]
+    if kind not in _warned_blocks and len(_warned_blocks) < 8:
+        _warned_blocks.add(kind)
+        log.warning("messages: %s blocks are not shown to the model (it reads text only); a placeholder "
+                    "stands in their place", kind)
+    title = block.get("title") if kind == "document" else None
+    name = f" {str(title)[:200]}" if isinstance(title, str) and title else ""
+    return f"[{kind}{name}: not shown, this model reads text only]"
+
+
+def _server_tool_note(kind: str, block: dict[str, Any]) -> str:
+    detail = block.get("name") or block.get("input") or ""
+    text = json.dumps(detail)[:300] if detail and not isinstance(detail, str) else str(detail)[:300]
+    return f"[{kind}{': ' + text if text else ''}]"
 
 
 def _text(where: str, block: dict[str, Any]) -> str:
@@ -134,6 +176,11 @@ def _system_text(where: str, value: Any, *, strip_billing: bool = False) -> str:
     if value is None:
         return ""
     parts = []
+    if isinstance(value, list):
+        for j, block in enumerate(value):
+            if isinstance(block, dict) and block.get("type") != "text":
+                raise invalid_value(f"{where}[{j}]",
+                                    f"system content takes text blocks only, not {block.get('type')!r}")
     for j, block in enumerate(_blocks(where, value)):
         if block["type"] != "text":
             raise invalid_value(f"{where}[{j}]", f"system content takes text blocks only, not {block['type']!r}")
@@ -155,7 +202,7 @@ def _messages(value: Any) -> tuple[list[str], list[dict[str, Any]]]:
         role = m.get("role")
         if "content" not in m:
             raise invalid_value(f"{where}.content", f"'{where}.content' is required")
-        if role == "system":  # Claude Code sends one after the user turn: it is system text
+        if role in ("system", "developer"):  # Claude Code sends one after the user turn: it is system text
             system.append(_system_text(f"{where}.content", m["content"]))
         elif role == "user":
             out.extend(_user_turn(where, m["content"], tool_names))
@@ -181,6 +228,9 @@ def _user_turn(where: str, content: Any, tool_names: dict[str, str]) -> list[dic
             tools.append(_tool_result(at, block, tool_names))
         elif kind in ("thinking", "redacted_thinking"):
             continue
+        elif kind == "container_upload":
+            texts.append(_server_tool_note(kind, block))
+            only_results = False
         else:
             raise invalid_value(at, f"a user message cannot hold a {kind!r} block")
     if only_results:
@@ -198,6 +248,8 @@ def _tool_result(where: str, block: dict[str, Any], tool_names: dict[str, str]) 
     content = block.get("content", "")
     texts = []
     for j, part in enumerate(_blocks(f"{where}.content", content)):
+        if part["type"] == "tool_reference":
+            part = {"type": "text", "text": _server_tool_note("tool_reference", part)}
         if part["type"] != "text":
             raise invalid_value(f"{where}.content[{j}]", f"a tool result holds text blocks, not {part['type']!r}")
         texts.append(_text(f"{where}.content[{j}]", part))
@@ -223,6 +275,8 @@ def _assistant_turn(where: str, content: Any, tool_names: dict[str, str]) -> dic
             continue  # encrypted elsewhere; nothing this model can read
         elif kind == "tool_use":
             calls.append(_tool_use(at, block, tool_names))
+        elif kind in SERVER_TOOL_BLOCKS and kind not in ("container_upload", "tool_reference"):
+            texts.append(_server_tool_note(kind, block))  # a server tool ran where the conversation began
         else:
             raise invalid_value(at, f"an assistant message cannot hold a {kind!r} block")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
@@ -321,9 +375,13 @@ def _output_config(value: dict[str, Any] | None) -> ResponseFormat | None:
     return ResponseFormat(schema=schema)
 
 
-def _thinking(value: dict[str, Any] | None) -> dict[str, Any]:
+MIN_THINKING_BUDGET = 1024  # the Messages API's least budget_tokens
+
+
+def _thinking(value: dict[str, Any] | None, max_tokens: int | None) -> dict[str, Any]:
     """Template kwargs for `thinking`: "disabled" turns a thinking template's reasoning off,
-    "enabled" on; "adaptive" leaves the model (and --no-think) to decide."""
+    "enabled" on; "adaptive" leaves the model (and --no-think) to decide. "enabled" takes a
+    `budget_tokens` of at least 1024 and below `max_tokens`, as the Messages API requires."""
     if value is None:
         return {}
     kind = value.get("type")
@@ -331,6 +389,17 @@ def _thinking(value: dict[str, Any] | None) -> dict[str, Any]:
         raise invalid_value("thinking.type", "thinking.type must be 'enabled', 'disabled' or 'adaptive'")
     if kind == "adaptive":
         return {}
+    if kind == "enabled":
+        budget = value.get("budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            raise invalid_value("thinking.budget_tokens", "thinking.enabled.budget_tokens: Field required "
+                                                          "(an integer of at least 1024)")
+        if budget < MIN_THINKING_BUDGET:
+            raise invalid_value("thinking.budget_tokens", "thinking.enabled.budget_tokens: Input should be "
+                                                          f"greater than or equal to {MIN_THINKING_BUDGET}")
+        if max_tokens is not None and budget >= max_tokens:
+            raise invalid_value("thinking.budget_tokens", "`max_tokens` must be greater than "
+                                                          "`thinking.budget_tokens`")
     return {"enable_thinking": kind == "enabled"}
 
 

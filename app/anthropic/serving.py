@@ -8,6 +8,7 @@ and whose fold is the whole message, so the two always agree.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from dataclasses import dataclass, replace
@@ -20,6 +21,7 @@ from app.openai.common import check_model
 from app.openai.errors import APIError
 from app.openai.sse import Named
 from app.output import ChoicePipeline, ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
+from app.text.reasoning import CLOSE_TAG
 
 from . import shapes
 from .protocol import MessagesRequest
@@ -40,6 +42,84 @@ def tool_use_id(call_id: str) -> str:
 class PreparedMessage:
     chat: PreparedChat
     id: str
+    thinking_budget: int | None = None
+
+
+class BoundedThinking:
+    """The pipeline's deltas, with the thinking cut at `budget` tokens (Anthropic's
+    thinking.budget_tokens): once the model has thought that long without ending its thinking,
+    its generation stops, the end-of-thinking tag is written for it, and a second generation
+    (the prompt, the thinking so far, the tag: read from the cache) writes the answer.
+    `finish_reason`, `stop_sequence`, `cancelled` and `stats` are the whole output's."""
+
+    def __init__(self, model, prepared: PreparedChat, budget: int | None, cancel: CancelToken):
+        self.model, self.prepared, self.budget, self.cancel = model, prepared, budget, cancel
+        self._over = False
+        self._thinking = True  # nothing but thinking has come out yet
+        self._first = ChoicePipeline(model.engine.generate(prepared.generation, self._token()), model.tokenizer,
+                                     prepared.output)
+        self._last = self._first
+        self._extra = 0  # tokens of the end tag written for the model
+
+    def _token(self) -> CancelToken:
+        if self.budget is None:
+            return self.cancel
+        token = CancelToken(probe=self._stop)
+        token.generations = self.cancel.generations  # the request's log line counts the generation
+        return token
+
+    def _stop(self) -> bool:
+        """The first generation's cancel probe, checked by the engine at each step."""
+        if self.cancel.cancelled:
+            return True
+        events = self._first.events
+        if self._thinking and len(events) >= self.budget \
+                and CLOSE_TAG not in self.model.tokenizer.decode([e.token_id for e in events[-16:]]):
+            self._over = True  # (the tag just written, not yet seen as the answer's start: no cut)
+        return self._over
+
+    def __iter__(self) -> Iterator[Delta]:
+        for delta in self._first:
+            if not isinstance(delta, ReasoningDelta):
+                self._thinking = False
+            yield delta
+        if not (self._over and self._thinking and self._first.cancelled and not self.cancel.cancelled):
+            return
+        generation = self.prepared.generation
+        end = self.model.tokenizer.encode(f"\n{CLOSE_TAG}\n\n", add_bos=False)
+        used = len(self._first.events) + len(end)
+        if used >= generation.max_tokens:
+            return
+        self._extra = len(end)
+        prompt = list(generation.prompt) + [e.token_id for e in self._first.events] + end
+        answer = replace(generation, prompt=prompt, max_tokens=generation.max_tokens - used)
+        self._last = ChoicePipeline(self.model.engine.generate(answer, self.cancel), self.model.tokenizer,
+                                    replace(self.prepared.output, reasoning_started=None))
+        yield from self._last
+
+    @property
+    def finish_reason(self) -> str | None:
+        if self._last is self._first and self._over and not self.cancel.cancelled:
+            return "length"  # the budget (or max_tokens) ended it with no room for an answer
+        return self._last.finish_reason
+
+    @property
+    def stop_sequence(self) -> str | None:
+        return self._last.stop_sequence
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.cancelled or (self._last.cancelled and not self._over)
+
+    @property
+    def stats(self) -> GenerationStats:
+        first, last = self._first.stats, self._last.stats
+        if last is first:
+            return first
+        return GenerationStats(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+                               completion_tokens=first.completion_tokens + self._extra + last.completion_tokens,
+                               finish_reason=last.finish_reason, queued_ms=first.queued_ms + last.queued_ms,
+                               prompt_ms=first.prompt_ms + last.prompt_ms, decode_ms=first.decode_ms + last.decode_ms)
 
 
 class ContentBlocks:
@@ -99,10 +179,21 @@ class ContentBlocks:
         if self._open is None:
             return []
         index, self._open = self._open, None
+        block = self.blocks[index]
+        if block["type"] == "thinking":  # as Anthropic's stream does: the block's signature, then its stop
+            block["signature"] = thinking_signature(block["thinking"])
+            return [shapes.content_block_delta(index, shapes.signature_delta(block["signature"])),
+                    shapes.content_block_stop(index)]
         return [shapes.content_block_stop(index)]
 
 
-def stop_reason(pipeline: ChoicePipeline) -> str | None:
+def thinking_signature(thinking: str) -> str:
+    """A thinking block's `signature`: clients keep it and send it back with the block (Anthropic's
+    is an opaque proof of origin). Here a digest of the text; nothing checks it on the way back."""
+    return "etserve:" + hashlib.sha256(thinking.encode("utf-8")).hexdigest()
+
+
+def stop_reason(pipeline: "ChoicePipeline | BoundedThinking") -> str | None:
     finish = pipeline.finish_reason
     if finish == "tool_calls":
         return "tool_use"
@@ -136,13 +227,19 @@ class Messages:
         try:
             prepared = self.chat.prepare(self.chat_request(request))
         except APIError as e:
-            if e.code == "context_length_exceeded":  # the words Anthropic's clients look for
-                raise APIError(400, f"prompt is too long: {e.message}", code=e.code, param=e.param) from None
+            if e.code == "context_length_exceeded":  # Anthropic's words: Claude Code reads the two numbers
+                tokens, context = getattr(e, "prompt_tokens", None), getattr(e, "context", None)
+                if tokens is not None and context is not None:
+                    message = (f"prompt is too long: {tokens} tokens > {context - 1} maximum "
+                               f"(this model's context holds {context} tokens)")
+                else:
+                    message = f"prompt is too long: {e.message}"
+                raise APIError(400, message, code=e.code, param=e.param) from None
             raise
         generation = prepared.generation
         if request.max_tokens is not None and request.max_tokens < generation.max_tokens:
             prepared = replace(prepared, generation=replace(generation, max_tokens=request.max_tokens))
-        return PreparedMessage(prepared, new_message_id())
+        return PreparedMessage(prepared, new_message_id(), request.thinking_budget)
 
     def count_tokens(self, request: MessagesRequest) -> dict[str, Any]:
         """The prompt's tokens: what a request with this body reads (input_tokens + cache_read_input_tokens)."""
@@ -151,7 +248,7 @@ class Messages:
         return shapes.token_count(len(self.model.tokenizer.encode(prompt)))
 
     def complete(self, prepared: PreparedMessage, cancel: CancelToken) -> dict[str, Any]:
-        pipeline = self.chat.pipeline(prepared.chat, 0, cancel)
+        pipeline = BoundedThinking(self.model, prepared.chat, prepared.thinking_budget, cancel)
         blocks = ContentBlocks()
         for delta in pipeline:
             blocks.push(delta)
@@ -159,13 +256,17 @@ class Messages:
         return shapes.message(prepared.id, self.model.id, blocks.blocks, stop_reason(pipeline),
                               pipeline.stop_sequence, usage(pipeline.stats))
 
+    def keepalive_event(self, prepared: PreparedMessage):
+        """The stream's keep-alive: Anthropic's own `ping` event, not an SSE comment."""
+        return shapes.ping
+
     def stream(self, prepared: PreparedMessage, cancel: CancelToken) -> Iterator[Named]:
         """message_start, ping, each block's start / deltas / stop, message_delta, message_stop."""
         prompt_tokens = len(prepared.chat.generation.prompt)
         yield shapes.message_start(shapes.message(prepared.id, self.model.id, [], None, None,
                                                   shapes.usage(prompt_tokens, 0, 0)))
         yield shapes.ping()
-        pipeline = self.chat.pipeline(prepared.chat, 0, cancel)
+        pipeline = BoundedThinking(self.model, prepared.chat, prepared.thinking_budget, cancel)
         blocks = ContentBlocks()
         for delta in pipeline:
             yield from blocks.push(delta)

@@ -44,6 +44,10 @@ def thinking_delta(thinking: str) -> dict[str, Any]:
     return {"type": "thinking_delta", "thinking": thinking}
 
 
+def signature_delta(signature: str) -> dict[str, Any]:
+    return {"type": "signature_delta", "signature": signature}
+
+
 def input_json_delta(partial_json: str) -> dict[str, Any]:
     return {"type": "input_json_delta", "partial_json": partial_json}
 

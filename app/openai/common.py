@@ -35,12 +35,14 @@ def check_token_list(tokens: list[int], limit: int, param: str) -> None:
 
 def context_error(prompt_tokens: int, requested: int | None, context: int, *, param: str = "messages") -> APIError:
     asked = f" plus {requested} requested tokens" if requested else ""
-    return APIError(
+    err = APIError(
         400,
         f"this model's context holds {context} tokens; the prompt has {prompt_tokens}{asked}",
         code="context_length_exceeded",
         param=param,
     )
+    err.prompt_tokens, err.context = prompt_tokens, context  # for APIs that state them in their own words
+    return err
 
 
 def plan_generation(model: ServedModel, tokens: list[int], params: GenerationParams, *, param: str,
@@ -67,12 +69,30 @@ def plan_generation(model: ServedModel, tokens: list[int], params: GenerationPar
 
 
 def fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, extra=(), typed: str = "",
-               param: str = "suffix") -> list[int]:
-    """A fill-in-the-middle prompt in the model's own FIM tokens, or a 400 for a model without them."""
+               param: str = "suffix", reserve: int | None = None) -> list[int]:
+    """A fill-in-the-middle prompt in the model's own FIM tokens, or a 400 for a model without them.
+    With `reserve` (tokens kept free for the middle) a prompt too long is trimmed, not refused."""
+    return fit_fim_prompt(model, prefix, suffix, extra=extra, typed=typed, param=param, reserve=reserve)[0]
+
+
+def fit_fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, extra=(), typed: str = "",
+                   param: str = "suffix", reserve: int | None = None) -> tuple[list[int], bool]:
+    """fim_prompt, and whether the prompt was trimmed to leave `reserve` tokens of the context
+    for the middle (editors send more context than fits and expect the server to cut it)."""
     if model.fim is None:
         raise APIError(400, f"the model '{model.id}' has no fill-in-the-middle tokens (<|fim_prefix|>, "
                        "<|fim_suffix|>, <|fim_middle|>): it cannot infill", code="fim_not_supported", param=param)
-    return model.fim.prompt(model.tokenizer, prefix, suffix, extra=extra, typed=typed)
+    if reserve is None:
+        return model.fim.prompt(model.tokenizer, prefix, suffix, extra=extra, typed=typed), False
+    budget = max(8, model.context_length - max(1, reserve))
+    return model.fim.fit(model.tokenizer, prefix, suffix, extra=extra, typed=typed, budget=budget)
+
+
+def fim_reserve(model: ServedModel, max_tokens: int | None) -> int:
+    """Tokens of the context a FIM prompt leaves for the middle: what was asked for (or, without
+    a limit, a quarter of the context, at most 256 tokens); the prompt keeps at least 32."""
+    wanted = max_tokens if max_tokens else min(256, model.context_length // 4)
+    return max(1, min(wanted, model.context_length - 32))
 
 
 def fim_generation(model: ServedModel, generation: GenerationRequest) -> GenerationRequest:

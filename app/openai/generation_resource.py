@@ -56,9 +56,11 @@ class GenerationResource:
         if request.stream:
             resp.content_type = "text/event-stream"
             resp.set_headers(HEADERS)
+            beat = getattr(self.service, "keepalive_event", None)  # an API's own keep-alive event, if it has one
             resp.stream = sse_stream(self.service.stream(prepared, cancel), keepalive=self.sse_keepalive,
                                      on_abandon=lambda: cancel.cancel("client disconnected"),
-                                     on_close=finished, error_event=self.error_event, done=self.done)
+                                     on_close=finished, error_event=self.error_event, done=self.done,
+                                     keepalive_event=beat(prepared) if beat is not None else None)
             return
         try:
             resp.media = self.service.complete(prepared, cancel)

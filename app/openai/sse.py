@@ -45,7 +45,7 @@ def sse_stream(events: Iterator[Event], *, keepalive: float = 0.0,
                on_abandon: Callable[[], None] | None = None,
                on_close: Callable[[], None] | None = None,
                error_event: Callable[[Exception], Event] = openai_error_event,
-               done: bool = True) -> Iterator[bytes]:
+               done: bool = True, keepalive_event: Callable[[], Event] | None = None) -> Iterator[bytes]:
     """The response body for `events`: each as a `data:` line (after an `event:` line if it is
     `Named`), then `data: [DONE]` unless `done` is False.
 
@@ -55,11 +55,14 @@ def sse_stream(events: Iterator[Event], *, keepalive: float = 0.0,
     With `keepalive` (seconds, under gevent) a comment line goes out whenever
     no event came for that long, e.g. while the request waits for the model or
     its prompt is read. `on_abandon` runs when the server closes the body
-    early (the client went away); `on_close` once `events` is finished.
+    early (the client went away); `on_close` once `events` is finished. With `keepalive_event`
+    the keep-alive is that event instead of a comment: some clients' idle timers count events
+    only (Codex CLI's does: a stream of comments for 300 s is an "idle timeout waiting for SSE").
     """
     body = _encoded(events, on_close, error_event, done)
     if keepalive > 0 and gevent_active():
-        return _with_keepalive(body, keepalive, on_abandon)
+        beat = (lambda: event(keepalive_event())) if keepalive_event is not None else (lambda: KEEPALIVE)
+        return _with_keepalive(body, keepalive, on_abandon, beat)
     return _closing(body, on_abandon)
 
 
@@ -99,7 +102,8 @@ def _closing(body: Iterator[bytes], on_abandon: Callable[[], None] | None) -> It
 _END = object()
 
 
-def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable[[], None] | None) -> Iterator[bytes]:
+def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable[[], None] | None,
+                    beat: Callable[[], bytes] = lambda: KEEPALIVE) -> Iterator[bytes]:
     """`body` runs in its own greenlet and hands chunks over a queue; this side
     waits on the queue with a timeout and sends KEEPALIVE when it expires.
 
@@ -127,7 +131,7 @@ def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable
             try:
                 chunk = chunks.get(timeout=interval)
             except Empty:
-                yield KEEPALIVE
+                yield beat()
                 continue
             if chunk is _END:
                 finished = True

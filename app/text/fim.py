@@ -10,12 +10,19 @@ The repository part (other files as context) is used only when the vocabulary ha
 repo and file-separator tokens, as llama.cpp's /infill does; otherwise extra files are
 written as plain text before the prefix. Each part is tokenized on its own and the
 FIM tokens are put between by id, so text that merely looks like a FIM token stays text.
+
+A prompt too long for its token budget is trimmed the way editors expect, never refused
+(`FimTokens.fit`): what is nearest the cursor stays. The local context (prefix and suffix)
+comes first: the suffix gets at most a quarter of the budget, the prefix the rest it needs;
+whole lines are dropped from the prefix's start and the suffix's end. Extra files get what
+the local context leaves, the latest ones (the end of the list: llama.vscode's ring buffer
+puts its newest chunks last) kept, the oldest dropped whole.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .tokenizer import Tokenizer
 
@@ -86,3 +93,70 @@ class FimTokens:
         ids += enc(typed)
         return ids
 
+
+    def fit(self, tokenizer: Tokenizer, prefix: Sequence[int] | str, suffix: str = "", *,
+            extra: Sequence[ExtraFile] = (), typed: str = "", budget: int) -> tuple[list[int], bool]:
+        """The prompt of `prompt`, trimmed to at most `budget` tokens (see the module docstring);
+        with whether anything was dropped."""
+        full = self.prompt(tokenizer, prefix, suffix, extra=extra, typed=typed)
+        if len(full) <= budget:
+            return full, False
+
+        def enc(text: str) -> list[int]:
+            return tokenizer.encode_text(text) if text else []
+
+        typed_ids = enc(typed)[-max(0, budget // 8):] if typed else []  # what is typed is kept, within reason
+        room = max(0, budget - 3 - len(typed_ids))  # 3: the prefix, suffix and middle tokens
+        suffix_ids = _keep_lines(suffix, enc, min(len(enc(suffix)), room // 4), from_end=False)
+        if isinstance(prefix, str):
+            prefix_ids = _keep_lines(prefix, enc, room - len(suffix_ids), from_end=True)
+        else:
+            prefix_ids = list(prefix)[len(prefix) - (room - len(suffix_ids)):] if room > len(suffix_ids) else []
+        left = room - len(prefix_ids) - len(suffix_ids)
+        kept: list[ExtraFile] = []
+        if extra:
+            # the repository header and the current file's separator cost tokens of their own
+            overhead = len(self.prompt(tokenizer, "", "", extra=[ExtraFile("", "")])) - 3
+            left -= overhead
+            for f in reversed(extra):  # newest first
+                cost = len(self.prompt(tokenizer, "", "", extra=[f])) - 3 - overhead
+                if cost > left:
+                    break
+                kept.insert(0, f)
+                left -= cost
+        ids = self.prompt(tokenizer, prefix_ids, "", extra=kept)[:-1]  # up to the suffix token
+        ids += suffix_ids + [self.middle] + typed_ids
+        if len(ids) > budget:  # tokenization across the cut differs a little: drop from the far end
+            cut = len(ids) - budget
+            head = len(ids) - len(prefix_ids) - len(suffix_ids) - 2 - len(typed_ids)
+            ids = ids[:head] + ids[head + cut:]
+        return ids, True
+
+
+def _keep_lines(text: str, enc: Callable[[str], list[int]], budget: int, *, from_end: bool) -> list[int]:
+    """The tokens of `text`'s lines nearest the cursor (its end when `from_end`, else its start),
+    as many whole lines as fit in `budget`; a single line too long is cut by tokens."""
+    if budget <= 0 or not text:
+        return []
+    ids = enc(text)
+    if len(ids) <= budget:
+        return ids
+    lines = text.splitlines(keepends=True)
+    order = reversed(lines) if from_end else lines
+    kept: list[str] = []
+    used = 0
+    for line in order:
+        cost = len(enc(line))
+        if used + cost > budget:
+            break
+        kept.append(line)
+        used += cost
+    if not kept:  # the cursor's own line is longer than the budget: keep the tokens next to the cursor
+        return ids[-budget:] if from_end else ids[:budget]
+    joined = "".join(reversed(kept)) if from_end else "".join(kept)
+    ids = enc(joined)
+    while len(ids) > budget and len(kept) > 1:  # whole-text tokenization came out longer: one line less
+        kept.pop()
+        joined = "".join(reversed(kept)) if from_end else "".join(kept)
+        ids = enc(joined)
+    return ids[-budget:] if from_end else ids[:budget]

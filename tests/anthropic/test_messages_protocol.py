@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 
 from anthropic.types import Message, RawMessageStreamEvent
 from app.anthropic.protocol import parse_count_tokens_request, parse_messages_request
-from app.anthropic.serving import ContentBlocks
+from app.anthropic.serving import ContentBlocks, thinking_signature
 from app.openai.errors import APIError
 from app.output import ContentDelta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 
@@ -114,7 +114,8 @@ def test_tools_choices_and_server_tools():
 
 def test_thinking_output_config_and_metadata():
     assert parse(thinking={"type": "disabled"}).template_kwargs == {"enable_thinking": False}
-    assert parse(thinking={"type": "enabled", "budget_tokens": 1024}).template_kwargs == {"enable_thinking": True}
+    assert parse(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2048).template_kwargs == {
+        "enable_thinking": True}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert parse(output_config={"effort": "low", "format": {"type": "json_schema", "schema": schema}}
                  ).response_format.schema == schema
@@ -169,6 +170,8 @@ def replay(events) -> list[dict]:
                 block["text"] += delta["text"]
             elif delta["type"] == "thinking_delta":
                 block["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
             else:
                 arguments[data["index"]] = arguments.get(data["index"], "") + delta["partial_json"]
     for index, text in arguments.items():
@@ -183,12 +186,13 @@ def test_content_blocks_stream_folds_to_the_whole_content():
     blocks = ContentBlocks()
     events = [e for d in deltas for e in blocks.push(d)] + blocks.finish()
     assert blocks.blocks == [
-        {"type": "thinking", "thinking": "Let me think.", "signature": ""},
+        {"type": "thinking", "thinking": "Let me think.", "signature": thinking_signature("Let me think.")},
         {"type": "text", "text": "Calling now."},
         {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}},
         {"type": "tool_use", "id": "toolu_def", "name": "noop", "input": {}},
     ]
-    assert replay(events) == blocks.blocks
+    assert replay(events) == blocks.blocks  # the signature arrives as a signature_delta, as Anthropic's does
+    assert blocks.blocks[0]["signature"].startswith("etserve:")
     starts = [e.data["index"] for e in events if e.name == "content_block_start"]
     stops = [e.data["index"] for e in events if e.name == "content_block_stop"]
     assert starts == stops == [0, 1, 2, 3]

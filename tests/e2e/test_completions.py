@@ -116,7 +116,12 @@ def test_stop_string_cuts(client, served_model, expected):
 
 
 def test_without_v1_prefix(server, served_model):
+    """/completions without /v1 is llama.cpp's own route (its /completion), as in llama.cpp;
+    /v1/completions is OpenAI's."""
     r = requests.post(server.base_url + "/completions", timeout=60,
+                      json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 1 and r.json()["stop"] is True
+    r = requests.post(server.base_url + "/v1/completions", timeout=60,
                       json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
 

@@ -11,9 +11,7 @@ import requests
 FIELDS = {
     "input": [None, 5, True, {}, [None], ["hi"], [5], [{}], [{"role": "wizard", "content": "x"}],
               [{"role": "user"}], [{"role": "user", "content": 5}], [{"role": "user", "content": [5]}],
-              [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
               [{"role": "user", "content": [{"type": "input_text"}]}],
-              [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}],
               [{"type": "function_call"}], [{"type": "function_call", "call_id": "c", "name": "f", "arguments": 5}],
               [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}],
               [{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}],

@@ -181,11 +181,15 @@ def test_metadata_session_id_keys_the_kv_session(server):
 
 
 def test_errors_take_anthropics_shape_and_the_sdks_classes(client, server):
-    with pytest.raises(anthropic.BadRequestError) as e:
+    with pytest.raises(anthropic.BadRequestError) as e:  # a malformed image block (a whole one is a placeholder)
         client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
-    assert e.value.body["error"]["type"] == "invalid_request_error" and "text only" in e.value.message
+            {"type": "image", "source": {"type": "nowhere"}}]}])
+    assert e.value.body["error"]["type"] == "invalid_request_error" and "source" in e.value.message
     ErrorResponse.model_validate(e.value.body)
+    pasted = client.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    assert pasted.stop_reason in ("end_turn", "max_tokens")  # the thread goes on: the model reads a placeholder
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         client.post("/v1/messages", body={"model": "m", "messages": HELLO}, cast_to=Message)
     with pytest.raises(anthropic.NotFoundError) as e:

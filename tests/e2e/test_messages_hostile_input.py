@@ -36,7 +36,7 @@ FIELDS = {
 BAD_MESSAGES = [
     None, "hi", 5, [], {}, [None], ["hi"], [{"content": "no role"}], [{"role": "tool", "content": "x"}],
     [{"role": "user"}], [{"role": "user", "content": 5}], [{"role": "user", "content": [5]}],
-    [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}],
+    [{"role": "user", "content": [{"type": "image", "source": {"type": "nope"}}]}],
     [{"role": "user", "content": [{"type": "document", "source": {}}]}],
     [{"role": "user", "content": [{"text": "no type"}]}], [{"role": "user", "content": [{"type": "text"}]}],
     [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}],

@@ -117,7 +117,8 @@ def test_unrunnable_tool_types_are_accepted(client):
         metadata={"k": "v"}, user="u", service_tier="auto", truncation="disabled",
         extra_body={"client_metadata": {"session_id": "x"}})
     assert r.status in ("completed", "incomplete")
-    assert [t.type for t in r.tools] == ["function"] and r.prompt_cache_key == "conv-unrunnable"
+    # the tools the model is offered are echoed: functions, a namespace's and a custom tool's
+    assert [t.type for t in r.tools] == ["function", "namespace", "custom"] and r.prompt_cache_key == "conv-unrunnable"
 
 
 def test_forced_function_call_round_trip(client):
@@ -203,8 +204,9 @@ def test_store_false_is_not_kept(client):
     r = client.responses.create(model=MODEL, input="Hi!", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError) as e:  # OpenAI's answer: 400 previous_response_not_found
         client.responses.create(model=MODEL, previous_response_id=r.id, input="Again")
+    assert e.value.body["code"] == "previous_response_not_found" and e.value.body["param"] == "previous_response_id"
 
 
 @pytest.mark.parametrize("extra, param", [
@@ -212,7 +214,7 @@ def test_store_false_is_not_kept(client):
     ({"background": True}, "background"),
     ({"temperature": 3}, "temperature"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "input[0].content[0]"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": "word " * 3000}, "input"),
     ({"max_output_tokens": 100000}, "input"),
 ])

@@ -56,6 +56,8 @@ from app.text.tokenizer import Tokenizer, byte_decoder
 WORDS = ("Hello", " world", "Hi", " there", " answer", " is", "END", "STOP", "name", "arguments")
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ADDED = ("<tool_call>", "</tool_call>")  # Qwen-style tool markers: added (non-special) tokens
+# Qwen2.5-Coder's fill-in-the-middle tokens, for FakeModel(fim=True)
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 
 # ChatML that offers tools in the system turn (Hermes wording) and writes an assistant's
 # calls back as <tool_call> blocks, like Qwen2.5's template does.
@@ -304,7 +306,7 @@ def _bit(mask: bytes, token: int) -> bool:
     return 4 * word + 4 <= len(mask) and (int.from_bytes(mask[4 * word: 4 * word + 4], "little") >> (token % 32)) & 1
 
 
-def tokenizer_json(words: Sequence[str] = WORDS) -> str:
+def tokenizer_json(words: Sequence[str] = WORDS, special: Sequence[str] = SPECIAL) -> str:
     """A byte-level BPE: one token per byte, plus one token for each of `words`."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
@@ -324,7 +326,7 @@ def tokenizer_json(words: Sequence[str] = WORDS) -> str:
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens(list(SPECIAL))
+    hf.add_special_tokens(list(special))
     hf.add_tokens(list(ADDED))
     return hf.to_str()
 
@@ -337,6 +339,7 @@ class FakeModel:
     settings: dict[str, str] = field(default_factory=dict)  # ETSERVE_* overrides
     max_seq_len: int = 1024
     extra_vocab: int = 16  # the model's logits cover more ids than the tokenizer (as real models' do)
+    fim: bool = False  # the vocabulary has Qwen2.5-Coder's FIM tokens (repository ones too)
 
     def __post_init__(self):
         from app.model_host import serve_model
@@ -344,7 +347,8 @@ class FakeModel:
 
         self._dir = tempfile.TemporaryDirectory(prefix="etserve-fake-")
         directory = Path(self._dir.name)
-        (directory / "tokenizer.json").write_text(tokenizer_json(), encoding="utf-8")
+        (directory / "tokenizer.json").write_text(tokenizer_json(special=SPECIAL + (FIM if self.fim else ())),
+                                                  encoding="utf-8")
         config = {"eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False,
                   "model_max_length": self.max_seq_len}
         if self.template is not None:

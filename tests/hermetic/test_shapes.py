@@ -131,3 +131,57 @@ def test_sessions_listing_and_delete(fake, client):
     assert client.simulate_delete("/v1/sessions/s1").json == {"id": "s1", "object": "session", "deleted": True}
     assert client.simulate_delete("/v1/sessions/s1").status_code == 404
     assert client.simulate_get("/sessions").json["data"] == []
+
+
+def test_models_show_the_context_window_where_clients_read_it(fake, client):
+    from anthropic.types import ModelInfo
+    from openai.types import Model
+
+    listing = client.simulate_get("/v1/models").json
+    card = listing["data"][0]
+    context = fake.served.context_length
+    for field in ("context_length", "max_model_len", "context_window", "max_context_length", "max_input_tokens"):
+        assert card[field] == context, field
+    assert card["meta"]["n_ctx"] == context
+    Model.model_validate(card)  # OpenAI's SDK
+    info = ModelInfo.model_validate(card)  # Anthropic's SDK (models.list with anthropic-version)
+    assert info.id == "fake-model" and info.type == "model"
+    assert listing["has_more"] is False and listing["first_id"] == listing["last_id"] == "fake-model"
+
+
+def test_messages_thinking_budget_is_validated_in_anthropics_shape(client):
+    def post(thinking, max_tokens=4096):
+        return client.simulate_post("/v1/messages", json={
+            "model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}],
+            "thinking": thinking})
+
+    for thinking, max_tokens, says in (({"type": "enabled", "budget_tokens": -5}, 4096, "greater than or equal"),
+                                       ({"type": "enabled", "budget_tokens": 1023}, 4096, "1024"),
+                                       ({"type": "enabled", "budget_tokens": 4096}, 4096, "max_tokens"),
+                                       ({"type": "enabled"}, 4096, "budget_tokens"),
+                                       ({"type": "enabled", "budget_tokens": "2000"}, 4096, "budget_tokens")):
+        r = post(thinking, max_tokens)
+        assert r.status_code == 400, (thinking, r.text)
+        assert r.json["type"] == "error" and r.json["error"]["type"] == "invalid_request_error"
+        assert says in r.json["error"]["message"], r.json
+    assert post({"type": "enabled", "budget_tokens": 1024}, 2048).status_code == 200
+    assert post({"type": "adaptive", "display": "omitted"}).status_code == 200
+
+
+def test_a_messages_prompt_over_the_context_says_so_in_anthropics_words(fake, client):
+    """'prompt is too long: N tokens > M maximum': Claude Code parses the two numbers from
+    Anthropic's wording (to size its compaction); any other wording leaves it guessing."""
+    import re
+
+    r = client.simulate_post("/v1/messages", json={"model": "m", "max_tokens": 8,
+                                                   "messages": [{"role": "user", "content": "x" * 3000}]})
+    assert r.status_code == 400 and r.json["error"]["type"] == "invalid_request_error"
+    m = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", r.json["error"]["message"])
+    assert m, r.json
+    assert int(m.group(1)) > int(m.group(2)) == fake.served.context_length - 1
+
+
+def test_props_states_the_context_window_where_llama_vscode_reads_it(fake, client):
+    props = client.simulate_get("/props").json
+    assert props["default_generation_settings"]["n_ctx"] == fake.served.context_length
+    assert props["total_slots"] == 1 and props["modalities"] == {"vision": False, "audio": False}

@@ -9,7 +9,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from app.openai.errors import APIError
-from app.openai.responses.protocol import items_to_messages, parse_responses_request
+from app.openai.responses.protocol import ToolRef, items_to_messages, parse_responses_request
 from app.openai.responses.serving import OutputWriter
 from app.output import ContentDelta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 
@@ -89,7 +89,10 @@ def test_input_items_become_chat_messages():
     ({"input": "x", "frobnicate": 1}, "frobnicate"),
     ({"input": "x", "background": True}, "background"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_video"}]}]}, "input[0].content[0]"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": 5}]}, "input[0]"),
+    ({"input": [{"type": "local_shell_call_output", "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"input": "x", "tool_choice": {"type": "web_search"}}, "tool_choice"),
@@ -182,7 +185,8 @@ def test_store_is_a_bounded_lru():
 
 def test_codex_request_parses():
     """Codex CLI 0.171.0's first request, as it sent it (recorded): every field, item and tool type
-    is accepted; its function tools reach the prompt, namespace and web_search do not."""
+    is accepted; its function tools and the functions of its namespace (sub-agents) reach the
+    prompt, the hosted web_search does not."""
     import json
     from pathlib import Path
 
@@ -191,4 +195,6 @@ def test_codex_request_parses():
     assert r.stream and not r.store and r.session_id == body["prompt_cache_key"]
     assert [m["role"] for m in r.messages] == ["system", "system", "user", "user"]
     assert {t["function"]["name"] for t in r.tools} == {
-        "exec_command", "write_stdin", "request_user_input", "view_image", "get_goal", "create_goal", "update_goal"}
+        "exec_command", "write_stdin", "request_user_input", "view_image", "get_goal", "create_goal", "update_goal",
+        "close_agent", "resume_agent", "send_input", "spawn_agent", "wait_agent"}
+    assert r.tool_refs["spawn_agent"] == ToolRef("function", "spawn_agent", "multi_agent_v1")

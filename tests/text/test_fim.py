@@ -33,3 +33,45 @@ def test_repo_level_prompt_with_extra_files(load_tok):
 
 def test_a_model_without_fim_tokens_has_none(load_tok):
     assert FimTokens.of(load_tok("smollm2")) is None
+
+
+def test_a_prompt_over_budget_keeps_the_lines_nearest_the_cursor(load_tok):
+    tok = load_tok("qwen")
+    fim = FimTokens.of(tok)
+    prefix = "".join(f"above_{i} = {i}\n" for i in range(300)) + "def add(a, b):\n    "
+    suffix = "\n" + "".join(f"below_{i} = {i}\n" for i in range(300))
+    extra = [ExtraFile(f"f{i}.py", f"chunk_{i} = {i}\n" * 20) for i in range(10)]
+    full = fim.prompt(tok, prefix, suffix, extra=extra, typed="ret")
+    ids, truncated = fim.fit(tok, prefix, suffix, extra=extra, typed="ret", budget=400)
+    assert truncated and len(ids) <= 400 < len(full)
+    text = tok.decode(ids)
+    head, rest = text.split("<|fim_prefix|>")
+    kept_prefix, rest = rest.split("<|fim_suffix|>")
+    kept_suffix, typed = rest.split("<|fim_middle|>")
+    assert typed == "ret"
+    assert kept_prefix.endswith("above_299 = 299\ndef add(a, b):\n    ")  # the cursor's side of the prefix
+    assert kept_prefix.startswith("above_") and "above_0 = 0\n" not in kept_prefix  # whole lines, the far ones gone
+    assert kept_suffix.startswith("\nbelow_0 = 0\n") and kept_suffix.endswith("\n")  # whole lines from the cursor
+    assert len(tok.encode_text(kept_suffix)) <= 400 // 4
+    assert len(tok.encode_text(kept_prefix)) > len(tok.encode_text(kept_suffix))
+    # extra files: what the local context leaves, the newest (last) ones kept whole
+    kept_files = [f.filename for f in extra if f"<|file_sep|>{f.filename}\n" in head]
+    assert kept_files == [f.filename for f in extra[len(extra) - len(kept_files):]]
+    ids_small, _ = fim.fit(tok, prefix, suffix, extra=extra, budget=60)
+    assert len(ids_small) <= 60 and "<|file_sep|>" not in tok.decode(ids_small)
+
+
+def test_a_prompt_within_budget_is_unchanged(load_tok):
+    tok = load_tok("qwen")
+    fim = FimTokens.of(tok)
+    args = ("def f():\n    ", "\n", )
+    extra = [ExtraFile("a.py", "x = 1\n")]
+    assert fim.fit(tok, *args, extra=extra, budget=10_000) == (fim.prompt(tok, *args, extra=extra), False)
+
+
+def test_one_line_longer_than_the_budget_is_cut_by_tokens_next_to_the_cursor(load_tok):
+    tok = load_tok("qwen")
+    fim = FimTokens.of(tok)
+    ids, truncated = fim.fit(tok, "x = [" + ", ".join(str(i) for i in range(2000)), "]", budget=100)
+    assert truncated and len(ids) <= 100
+    assert tok.decode(ids).split("<|fim_suffix|>")[0].endswith("1998, 1999")

@@ -12,6 +12,7 @@ from app.model_host import ServedModel
 from app.output import ChoicePipeline, OutputOptions, PromptProgress
 
 from ..common import check_model, fim_generation, fim_prompt, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
+from ..common import fim_reserve
 from ..errors import invalid_value
 from ..generation_params import check_token_ids
 from ..logprobs import LegacyLogprobs
@@ -44,11 +45,12 @@ class Completions:
         check_token_list(prompt, vocab_limit(self.model), param)
         return list(prompt), tokenizer.decode(prompt)
 
-    def _fim_tokens(self, prompt: Prompt, suffix: str, param: str) -> list[int]:
-        """`prompt` is the text (or tokens) before the gap, `suffix` the text after it."""
+    def _fim_tokens(self, prompt: Prompt, suffix: str, param: str, max_tokens: int | None) -> list[int]:
+        """`prompt` is the text (or tokens) before the gap, `suffix` the text after it; trimmed
+        (lines farthest from the gap first) to leave the middle its room, as editors expect."""
         if not isinstance(prompt, str):
             check_token_list(prompt, vocab_limit(self.model), param)
-        return fim_prompt(self.model, prompt, suffix)
+        return fim_prompt(self.model, prompt, suffix, reserve=fim_reserve(self.model, max_tokens or DEFAULT_MAX_TOKENS))
 
     def prepare(self, request: CompletionRequest) -> PreparedCompletion:
         """Everything that can fail because of the request fails here, before any output."""
@@ -59,7 +61,7 @@ class Completions:
         for i, prompt in enumerate(request.prompts):
             param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
             if request.suffix is not None:
-                tokens, text = self._fim_tokens(prompt, request.suffix, param), ""
+                tokens, text = self._fim_tokens(prompt, request.suffix, param, request.params.max_tokens), ""
             else:
                 tokens, text = self._tokens(prompt, param)
             if not tokens:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import falcon
 
 from app.model_host import ServedModel
@@ -10,12 +12,27 @@ from ..errors import APIError
 
 
 def model_card(model: ServedModel, created: int) -> dict:
+    """The model, with its context window under each name clients read it by: `context_length`
+    (OpenRouter, LiteLLM), `max_model_len` (vLLM's: Continue's vLLM provider), `context_window`,
+    `max_context_length` (LM Studio's), `max_input_tokens` (Anthropic's models API) and llama.cpp's
+    `meta.n_ctx`; plus the fields Anthropic's SDK reads (`type`, `display_name`, `created_at`)."""
+    context = model.context_length
     return {
         "id": model.id,
         "object": "model",
         "created": created,
         "owned_by": "etserve",
-        "context_length": model.context_length,
+        "context_length": context,
+        "max_model_len": context,
+        "context_window": context,
+        "max_context_length": context,
+        "max_input_tokens": context,
+        "max_tokens": model.max_tokens_cap or context,
+        "meta": {"n_ctx": context, "n_ctx_train": context, "n_vocab": model.tokenizer.vocab_size},
+        "type": "model",
+        "display_name": model.id,
+        "lifecycle": "active",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
     }
 
 
@@ -25,7 +42,10 @@ class ModelsResource:
         self.created = created
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.media = {"object": "list", "data": [model_card(self.model, self.created)]}
+        card = model_card(self.model, self.created)
+        # OpenAI's list, with the paging fields of Anthropic's (its SDK's models.list reads them)
+        resp.media = {"object": "list", "data": [card], "has_more": False, "first_id": card["id"],
+                      "last_id": card["id"]}
 
     def on_get_one(self, req: falcon.Request, resp: falcon.Response, model_id: str) -> None:
         if model_id != self.model.id:

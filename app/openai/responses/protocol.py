@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine import SamplingParams
@@ -64,6 +64,17 @@ class ResponsesRequest:
     echo_tools: list[dict[str, Any]]  # the function tools as the request sent them
     echo_tool_choice: Any
     session_id: str | None = None  # prompt_cache_key, else a session header
+    tool_refs: dict[str, "ToolRef"] = field(default_factory=dict)  # prompt name -> the client's tool
+
+
+@dataclass(frozen=True)
+class ToolRef:
+    """A tool as the client knows it, behind the function the model is offered: a plain function,
+    a function inside a `namespace` tool (Codex's MCP servers and sub-agents), or a freeform
+    (`custom`) tool, offered as a function of one string argument, `input`."""
+    kind: str  # "function" or "custom"
+    name: str
+    namespace: str | None = None
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
@@ -73,14 +84,14 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     model = f.string("model", None)
     instructions = f.string("instructions", None)
     previous_response_id = f.string("previous_response_id", None)
-    messages = input_messages(f.raw("input"))
+    raw_tools = f.array("tools") or []
+    tools, echo_tools, tool_refs = _tools(raw_tools)
+    messages = input_messages(f.raw("input"), prompt_names(tool_refs))
     max_output_tokens = f.integer("max_output_tokens", None, lo=1)
     sampling = SamplingParams(temperature=f.number("temperature", 1.0, lo=0.0, hi=2.0),
                               top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0, lo_open=True))
     params = GenerationParams(sampling=sampling, max_tokens=max_output_tokens, stop=())
     stream = f.boolean("stream", False)
-    raw_tools = f.array("tools") or []
-    tools, echo_tools = _tools(raw_tools)
     raw_choice = f.raw("tool_choice")
     tool_choice, forced_tool = _tool_choice(raw_choice, tools)
     if tool_choice == "none":
@@ -111,12 +122,36 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         previous_response_id=previous_response_id, metadata=metadata, prompt_cache_key=prompt_cache_key,
         user=user, service_tier=service_tier, truncation=truncation, echo_tools=echo_tools,
         echo_tool_choice=raw_choice if raw_choice is not None else "auto", session_id=prompt_cache_key,
+        tool_refs=tool_refs,
     )
 
 
 # ---- input ---------------------------------------------------------------------------------
 
-def input_messages(value: Any) -> list[dict[str, Any]]:
+# Every input item type of the Responses API reference, by what becomes of it here. Calls and
+# their outputs become the model's tool turns; what hosted tools (which this server does not
+# run) did in a conversation begun elsewhere becomes a short note; compaction items become
+# text. Only references to items stored elsewhere cannot be read, and are refused by name.
+CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call", "shell_call", "apply_patch_call",
+              "computer_call", "mcp_call")
+OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output", "shell_call_output",
+                "apply_patch_call_output", "computer_call_output")
+NOTE_ITEMS = ("web_search_call", "file_search_call", "image_generation_call", "code_interpreter_call",
+              "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "tool_search_call",
+              "tool_search_output")
+TEXT_ITEMS = ("compaction", "compaction_summary")
+REFUSED_ITEMS = {"item_reference": "item references are not supported: send the item itself"}
+# Content parts the model cannot read (it has no vision or audio): a short placeholder, and a warning.
+PLACEHOLDER_PARTS = ("input_image", "input_file", "input_audio", "image_url", "image", "file", "audio")
+_warned_parts: set[str] = set()
+
+
+def prompt_names(refs: dict[str, ToolRef]) -> dict[tuple[str, str | None], str]:
+    """(client name, namespace) -> the function name the model knows the tool by."""
+    return {(ref.name, ref.namespace): name for name, ref in refs.items()}
+
+
+def input_messages(value: Any, names: dict[tuple[str, str | None], str] | None = None) -> list[dict[str, Any]]:
     """`input` (a string, or an array of items) as chat messages."""
     if value is None:
         raise APIError(400, "'input' is required", code="missing_required_parameter", param="input")
@@ -126,16 +161,38 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         raise invalid_value("input", "'input' must be a string or an array of input items")
     if len(value) > MAX_ITEMS:
         raise invalid_value("input", f"'input' holds at most {MAX_ITEMS} items")
-    return items_to_messages(value, "input")
+    return items_to_messages(value, "input", names)
 
 
-def items_to_messages(items: list[Any], where: str) -> list[dict[str, Any]]:
-    """Items in order as chat messages: consecutive function calls (after an assistant message,
-    if one precedes them) form one assistant turn; a reasoning item's text becomes the next
-    assistant turn's `reasoning_content` (templates that keep reasoning read it from there)."""
+def items_to_messages(items: list[Any], where: str,
+                      names: dict[tuple[str, str | None], str] | None = None) -> list[dict[str, Any]]:
+    """Items in order as chat messages: consecutive calls (after an assistant message, if one
+    precedes them) form one assistant turn; a reasoning item's text becomes the next
+    assistant turn's `reasoning_content` (templates that keep reasoning read it from there).
+    `names` maps a call's (name, namespace) to the function name the model was offered."""
+    names = names or {}
     out: list[dict[str, Any]] = []
     reasoning: list[str] = []
     call_names: dict[str, str] = {}
+
+    def assistant_turn() -> dict[str, Any]:
+        nonlocal reasoning
+        last = out[-1] if out else None
+        if last is not None and last["role"] == "assistant" and not reasoning:
+            return last
+        turn: dict[str, Any] = {"role": "assistant", "content": None}
+        if reasoning:
+            turn["reasoning_content"] = "\n".join(reasoning)
+            reasoning = []
+        out.append(turn)
+        return turn
+
+    def tool_result(call_id: str, content: str) -> None:
+        message = {"role": "tool", "tool_call_id": call_id, "content": content}
+        if call_id in call_names:
+            message["name"] = call_names[call_id]
+        out.append(message)
+
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if not isinstance(item, dict):
@@ -147,30 +204,33 @@ def items_to_messages(items: list[Any], where: str) -> list[dict[str, Any]]:
                 message["reasoning_content"] = "\n".join(reasoning)
                 reasoning = []
             out.append(message)
-        elif kind == "function_call":
-            call = _function_call(at, item)
+        elif kind in CALL_ITEMS:
+            call = _call(at, kind, item, names)
             call_names[call["id"]] = call["function"]["name"]
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and not reasoning:
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                turn: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
-                if reasoning:
-                    turn["reasoning_content"] = "\n".join(reasoning)
-                    reasoning = []
-                out.append(turn)
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
+            assistant_turn().setdefault("tool_calls", []).append(call)
+            if kind == "mcp_call" and (item.get("output") is not None or item.get("error") is not None):
+                tool_result(call["id"], _text_of(at + ".output", item.get("output") if item.get("output") is not None
+                                                 else f"error: {item.get('error')}", objects=True))
+        elif kind in OUTPUT_ITEMS:
+            call_id = item.get("call_id", item.get("id") if kind == "local_shell_call_output" else None)
             if not isinstance(call_id, str) or not call_id:
-                raise invalid_value(f"{at}.call_id", "a function_call_output needs a string 'call_id'")
-            message = {"role": "tool", "tool_call_id": call_id, "content": _output_text(at, item.get("output"))}
-            if call_id in call_names:
-                message["name"] = call_names[call_id]
-            out.append(message)
+                raise invalid_value(f"{at}.call_id", f"a {kind} needs a string 'call_id'")
+            tool_result(call_id, _text_of(at + ".output", item.get("output"), objects=kind == "computer_call_output"))
         elif kind == "reasoning":
             text = _reasoning_text(at, item)
             if text:
                 reasoning.append(text)
+        elif kind in NOTE_ITEMS:
+            note = _note(kind, item)
+            turn = assistant_turn() if kind not in ("mcp_approval_response",) else None
+            if turn is None:
+                out.append({"role": "user", "content": note})
+            else:
+                turn["content"] = note if not turn.get("content") else turn["content"] + "\n" + note
+        elif kind in TEXT_ITEMS:
+            out.append({"role": "user", "content": _compaction_text(at, item)})
+        elif kind in REFUSED_ITEMS:
+            raise invalid_value(f"{at}.type", f"input items of type {kind!r}: {REFUSED_ITEMS[kind]}")
         elif kind is None:
             raise invalid_value(f"{at}.type", f"'{at}' needs a 'type' (or a 'role' for a message)")
         else:
@@ -197,6 +257,9 @@ def _content(at: str, content: Any) -> str:
         if kind == "refusal" and isinstance(part.get("refusal"), str):
             parts.append(part["refusal"])
             continue
+        if kind in PLACEHOLDER_PARTS:
+            parts.append(_placeholder(kind, part))
+            continue
         if kind not in TEXT_PARTS:
             shown = kind if kind is not None else type(part).__name__
             raise invalid_value(f"{at}.content[{j}]",
@@ -208,20 +271,34 @@ def _content(at: str, content: Any) -> str:
     return "".join(parts)
 
 
-def _output_text(at: str, output: Any) -> str:
+def _placeholder(kind: str, part: dict[str, Any]) -> str:
+    """What the model reads instead of an image, file or audio part (it reads text only)."""
+    if kind not in _warned_parts and len(_warned_parts) < 16:
+        _warned_parts.add(kind)
+        log.warning("responses: %s content is not shown to the model (it reads text only); "
+                    "a placeholder stands in its place", kind)
+    if kind in ("input_file", "file"):
+        inner = part.get("file") if isinstance(part.get("file"), dict) else part
+        name = inner.get("filename") or inner.get("file_id") or inner.get("file_url")
+        return f"[file{' ' + str(name)[:200] if name else ''}: not shown, this model reads text only]"
+    if kind in ("input_audio", "audio"):
+        return "[audio: not heard, this model reads text only]"
+    return "[image: not shown, this model reads text only]"
+
+
+def _text_of(at: str, output: Any, *, objects: bool = False) -> str:
+    """A tool output as text: a string or text parts (or, with `objects`, an object such as a
+    computer call's screenshot, as JSON)."""
     if isinstance(output, str):
         return output
     if isinstance(output, list):
-        return _content(at + ".output", output)
-    raise invalid_value(f"{at}.output", "a function_call_output's 'output' must be a string or text parts")
+        return _content(at, output)
+    if objects and isinstance(output, dict):
+        return json.dumps(output)[:2000]
+    raise invalid_value(at, f"'{at}' must be a string or an array of content parts")
 
 
-def _function_call(at: str, item: dict[str, Any]) -> dict[str, Any]:
-    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "{}")
-    if not isinstance(call_id, str) or not call_id:
-        raise invalid_value(f"{at}.call_id", "a function_call needs a string 'call_id'")
-    if not isinstance(name, str) or not name:
-        raise invalid_value(f"{at}.name", "a function_call needs a string 'name'")
+def _arguments(at: str, arguments: Any) -> dict[str, Any]:
     if not isinstance(arguments, str):
         raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object as a string")
     try:
@@ -230,7 +307,58 @@ def _function_call(at: str, item: dict[str, Any]) -> dict[str, Any]:
         raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object") from None
     if not isinstance(parsed, dict):
         raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
+    return parsed
+
+
+def _call(at: str, kind: str, item: dict[str, Any], names: dict[tuple[str, str | None], str]) -> dict[str, Any]:
+    """A call item as an assistant tool call, under the name the model knows the tool by."""
+    call_id = item.get("call_id") or (item.get("id") if kind in ("local_shell_call", "mcp_call") else None)
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid_value(f"{at}.call_id", f"a {kind} needs a string 'call_id'")
+    if kind == "function_call":
+        name, namespace = item.get("name"), item.get("namespace")
+        if not isinstance(name, str) or not name:
+            raise invalid_value(f"{at}.name", "a function_call needs a string 'name'")
+        if namespace is not None and not isinstance(namespace, str):
+            raise invalid_value(f"{at}.namespace", "a function_call's 'namespace' must be a string")
+        arguments = _arguments(at, item.get("arguments", "{}"))
+        name = names.get((name, namespace)) or (f"{namespace}__{name}" if namespace else name)
+    elif kind == "custom_tool_call":
+        name, text = item.get("name"), item.get("input", "")
+        if not isinstance(name, str) or not name or not isinstance(text, str):
+            raise invalid_value(at, "a custom_tool_call needs a string 'name' and a string 'input'")
+        name, arguments = names.get((name, None), name), {"input": text}
+    elif kind == "mcp_call":
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid_value(f"{at}.name", "an mcp_call needs a string 'name'")
+        arguments = _arguments(at, item.get("arguments", "{}"))
+    else:  # local_shell_call, shell_call, apply_patch_call, computer_call: their action is the arguments
+        action = item.get("action", item.get("operation", {}))
+        if not isinstance(action, dict):
+            raise invalid_value(f"{at}.action", f"a {kind}'s 'action' must be an object")
+        name, arguments = {"local_shell_call": "local_shell", "shell_call": "shell",
+                           "apply_patch_call": "apply_patch", "computer_call": "computer"}[kind], action
+        name = names.get((name, None), name)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _note(kind: str, item: dict[str, Any]) -> str:
+    """A short note of what a hosted tool did (a conversation begun on another server)."""
+    detail = item.get("action") or item.get("queries") or item.get("server_label") or item.get("arguments") or ""
+    text = json.dumps(detail)[:500] if detail and not isinstance(detail, str) else str(detail)[:500]
+    return f"[{kind}{': ' + text if text else ''}]"
+
+
+def _compaction_text(at: str, item: dict[str, Any]) -> str:
+    """A compaction item as text: its readable summary; encrypted content (another server's) is opaque."""
+    for key in ("summary", "content", "text"):
+        value = item.get(key)
+        if isinstance(value, str) and value:
+            return f"Summary of the earlier conversation:\n{value}"
+        if isinstance(value, list) and value:
+            return "Summary of the earlier conversation:\n" + _content(f"{at}.{key}", value)
+    return "[An earlier part of this conversation was compacted; its summary is not readable here.]"
 
 
 def _reasoning_text(at: str, item: dict[str, Any]) -> str:
@@ -247,30 +375,84 @@ def _reasoning_text(at: str, item: dict[str, Any]) -> str:
 
 # ---- tools -----------------------------------------------------------------------------------
 
-def _tools(value: list[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(function tools in the chat form, the same as the request sent them)."""
-    tools, echo = [], []
+MAX_NAMESPACE_TOOLS = 256
+CUSTOM_FORMAT_CHARS = 4000  # of a custom tool's grammar shown to the model
+
+
+def _tools(value: list[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, ToolRef]]:
+    """(the functions the model is offered, in the chat form; the tools as the request sent
+    them; the offered name -> the client's tool). A namespace's functions are offered by their
+    own name, or `namespace__name` where two tools share a name; a custom tool as a function
+    of one string argument, `input`. Hosted tools (web_search, ...) are left out of the prompt."""
+    tools, echo, refs = [], [], {}
+    flat: list[tuple[str, dict[str, Any], ToolRef]] = []  # (where, tool, ref)
     for i, tool in enumerate(value):
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise invalid_value(f"tools[{i}]", f"'tools[{i}]' must be an object with a 'type'")
-        if tool["type"] != "function":
+        if tool["type"] == "function":
+            flat.append((f"tools[{i}]", tool, ToolRef("function", _tool_name(f"tools[{i}]", tool))))
+            echo.append({"type": "function", "name": tool["name"], "description": tool.get("description"),
+                         "parameters": tool.get("parameters"), "strict": bool(tool.get("strict", False))})
+        elif tool["type"] == "custom":
+            flat.append((f"tools[{i}]", tool, ToolRef("custom", _tool_name(f"tools[{i}]", tool))))
+            echo.append(tool)
+        elif tool["type"] == "namespace":
+            namespace = _tool_name(f"tools[{i}]", tool)
+            inner = tool.get("tools")
+            if not isinstance(inner, list) or len(inner) > MAX_NAMESPACE_TOOLS:
+                raise invalid_value(f"tools[{i}].tools", f"a namespace tool needs a 'tools' array (at most "
+                                                         f"{MAX_NAMESPACE_TOOLS})")
+            for j, sub in enumerate(inner):
+                where = f"tools[{i}].tools[{j}]"
+                if not isinstance(sub, dict) or sub.get("type", "function") not in ("function", "custom"):
+                    raise invalid_value(where, "a namespace holds function (or custom) tools")
+                kind = sub.get("type", "function")
+                flat.append((where, sub, ToolRef(kind, _tool_name(where, sub), namespace)))
+            echo.append(tool)
+        else:
             _log_ignored_tool(tool["type"])
-            continue
-        name, parameters = tool.get("name"), tool.get("parameters")
-        if not isinstance(name, str) or not name:
-            raise invalid_value(f"tools[{i}].name", "each function tool needs a string 'name'")
+    counts: dict[str, int] = {}
+    for _, _, ref in flat:
+        counts[ref.name] = counts.get(ref.name, 0) + 1
+    for where, tool, ref in flat:
+        name = ref.name if counts[ref.name] == 1 or ref.namespace is None else f"{ref.namespace}__{ref.name}"
+        if name in refs:
+            raise invalid_value(where, f"two tools are named {name!r}")
+        refs[name] = ref
+        tools.append({"type": "function", "function": _function(where, tool, ref, name)})
+    return tools, echo, refs
+
+
+def _tool_name(where: str, tool: dict[str, Any]) -> str:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid_value(f"{where}.name", f"each {tool.get('type', 'function')} tool needs a string 'name'")
+    return name
+
+
+def _function(where: str, tool: dict[str, Any], ref: ToolRef, name: str) -> dict[str, Any]:
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise invalid_value(f"{where}.description", "a tool's 'description' must be a string")
+    if ref.kind == "custom":
+        fmt = tool.get("format") or {}
+        if not isinstance(fmt, dict):
+            raise invalid_value(f"{where}.format", "a custom tool's 'format' must be an object")
+        about = "The tool's input, as free text (not JSON)."
+        if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+            about += (f" It must follow this {fmt.get('syntax', '')} grammar:\n"
+                      + fmt["definition"][:CUSTOM_FORMAT_CHARS])
+        parameters = {"type": "object", "properties": {"input": {"type": "string", "description": about}},
+                      "required": ["input"]}
+    else:
+        parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
-            raise invalid_value(f"tools[{i}].parameters", "a function tool's 'parameters' must be a JSON schema object")
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise invalid_value(f"tools[{i}].description", "a function tool's 'description' must be a string")
-        function: dict[str, Any] = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}
-        if description:
-            function["description"] = description
-        tools.append({"type": "function", "function": function})
-        echo.append({"type": "function", "name": name, "description": description,
-                     "parameters": parameters, "strict": bool(tool.get("strict", False))})
-    return tools, echo
+            raise invalid_value(f"{where}.parameters", "a function tool's 'parameters' must be a JSON schema object")
+        parameters = parameters or {"type": "object", "properties": {}}
+    function: dict[str, Any] = {"name": name, "parameters": parameters}
+    if description:
+        function["description"] = description
+    return function
 
 
 def _log_ignored_tool(kind: str) -> None:
@@ -289,6 +471,8 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[str, str | No
         if not tools:
             raise invalid_value("tool_choice", "tool_choice 'required' needs at least one function tool in 'tools'")
         return "required", None
+    if isinstance(value, dict) and value.get("type") == "custom" and isinstance(value.get("name"), str):
+        value = {"type": "function", "name": value["name"]}  # a custom tool is offered as a function
     if isinstance(value, dict) and value.get("type") == "function":
         name = value.get("name")
         if not isinstance(name, str):

@@ -13,7 +13,7 @@ import itertools
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from app.engine import CancelToken
@@ -24,7 +24,7 @@ from ..chat.serving import ChatCompletions, PreparedChat
 from ..errors import APIError, to_api_error
 from ..sse import Named
 from . import shapes
-from .protocol import ResponsesRequest, items_to_messages
+from .protocol import ResponsesRequest, ToolRef, items_to_messages, prompt_names
 from .store import ResponseStore, StoredResponse
 
 
@@ -36,6 +36,14 @@ class PreparedResponse:
     id: str
     created_at: int
     session_id: str | None
+    numbers: Iterator[int] = field(default_factory=itertools.count)  # the stream's sequence numbers
+
+
+def previous_not_found(response_id: str) -> APIError:
+    """OpenAI's answer to a previous_response_id it does not have: 400, not 404."""
+    return APIError(400, f"Previous response with id '{response_id}' not found. (This server keeps responses in "
+                         "memory, the most recent ones, and only those created with store true.)",
+                    code="previous_response_not_found", param="previous_response_id")
 
 
 def not_found(response_id: str) -> APIError:
@@ -60,7 +68,7 @@ class Responses:
         if request.previous_response_id is not None:
             previous = self.store.get(request.previous_response_id)
             if previous is None:
-                raise not_found(request.previous_response_id)
+                raise previous_not_found(request.previous_response_id)
             history = list(previous.history)
         history += request.messages
         if not any(m["role"] != "system" for m in history):
@@ -92,6 +100,16 @@ class Responses:
                 final = event["response"]
         return final
 
+    def keepalive_event(self, prepared: PreparedResponse):
+        """The stream's keep-alive while it waits for the model or its prompt is read: a
+        `response.in_progress` event (numbered in turn), which Codex's idle timer counts, where
+        it does not count an SSE comment."""
+        def beat() -> Named:
+            event = shapes.lifecycle("in_progress", self._response(prepared, "in_progress", [], None))
+            event["sequence_number"] = next(prepared.numbers)
+            return Named(event["type"], event)
+        return beat
+
     def stream(self, prepared: PreparedResponse, cancel: CancelToken) -> Iterator[Named]:
         for event in self._events(prepared, cancel):
             yield Named(event["type"], event)
@@ -100,7 +118,7 @@ class Responses:
                 whole: bool = False) -> Iterator[dict[str, Any]]:
         """Every event of the response in order, numbered; the last is response.completed
         (or .incomplete), or response.failed then error (`whole`: the error is raised)."""
-        numbers = itertools.count()
+        numbers = prepared.numbers  # shared with keepalive_event's events
 
         def numbered(event: dict[str, Any]) -> dict[str, Any]:
             event["sequence_number"] = next(numbers)
@@ -109,7 +127,7 @@ class Responses:
         started = self._response(prepared, "in_progress", [], None)
         yield numbered(shapes.lifecycle("created", started))
         yield numbered(shapes.lifecycle("in_progress", started))
-        writer = OutputWriter()
+        writer = OutputWriter(prepared.request.tool_refs)
         try:
             pipeline = self.chat.pipeline(prepared.chat, 0, cancel)
             for delta in pipeline:
@@ -136,7 +154,8 @@ class Responses:
             yield numbered(shapes.error_event(err.code, err.message, err.param))
             return
         if prepared.request.store:
-            history = prepared.history + items_to_messages([_replayable(i) for i in writer.output], "output")
+            history = prepared.history + items_to_messages([_replayable(i) for i in writer.output], "output",
+                                                           prompt_names(prepared.request.tool_refs))
             self.store.put(StoredResponse(final, history, prepared.session_id))
         yield numbered(shapes.lifecycle(status, final))
 
@@ -164,7 +183,8 @@ class OutputWriter:
     events that open, fill and close each. `output` holds the items so far, the open one
     as it stands."""
 
-    def __init__(self):
+    def __init__(self, tool_refs: dict[str, ToolRef] | None = None):
+        self.tool_refs = tool_refs or {}  # the model's function name -> the client's tool
         self.output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written (also in output)
         self._text = ""  # its text or arguments so far
@@ -186,12 +206,21 @@ class OutputWriter:
         if isinstance(delta, ToolCallStart):
             self._pending_space = ""
             events = self._close("completed")
-            item = shapes.function_call_item(f"fc_{uuid.uuid4().hex}", "in_progress", delta.id, delta.name, "")
+            ref = self.tool_refs.get(delta.name)
+            if ref is not None and ref.kind == "custom":
+                item = shapes.custom_tool_call_item(f"ctc_{uuid.uuid4().hex}", "in_progress", delta.id, ref.name, "")
+            else:
+                item = shapes.function_call_item(f"fc_{uuid.uuid4().hex}", "in_progress", delta.id,
+                                                 ref.name if ref else delta.name, "",
+                                                 namespace=ref.namespace if ref else None)
             self._calls[delta.index] = len(self.output)
             return events + self._start(item)
         if isinstance(delta, ToolArgumentsDelta):
             index = self._calls[delta.index]
             item = self.output[index]
+            if item["type"] == "custom_tool_call":  # its input is known once the arguments are whole
+                self._text += delta.fragment
+                return []
             if item is not self._open:  # arguments of an earlier call: not expected from the parser
                 item["arguments"] += delta.fragment
                 return [shapes.arguments_delta(item["id"], index, delta.fragment)]
@@ -247,6 +276,10 @@ class OutputWriter:
         elif item["type"] == "reasoning":
             events = [shapes.summary_done(item["id"], index, text),
                       shapes.summary_part_event("done", item["id"], index, text)]
+        elif item["type"] == "custom_tool_call":
+            item["input"] = _custom_input(text)
+            events = [shapes.custom_input_delta(item["id"], index, item["input"]),
+                      shapes.custom_input_done(item["id"], index, item["input"])]
         else:
             events = [shapes.arguments_done(item["id"], index, item["name"], item["arguments"])]
         return events + [shapes.item_done(index, dict(item, **_copies(item)))]
@@ -255,6 +288,18 @@ class OutputWriter:
 def _copies(item: dict[str, Any]) -> dict[str, Any]:
     """The item's lists copied, so an event holds the item as it was when sent."""
     return {k: [dict(x) for x in v] for k, v in item.items() if isinstance(v, list)}
+
+
+def _custom_input(arguments: str) -> str:
+    """A custom tool's input from the arguments of the function it was offered as ({"input": ...})."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments  # cut short: what there is
+    if isinstance(parsed, dict):
+        value = parsed.get("input", next(iter(parsed.values()), "") if len(parsed) == 1 else "")
+        return value if isinstance(value, str) else json.dumps(value)
+    return parsed if isinstance(parsed, str) else json.dumps(parsed)
 
 
 def _replayable(item: dict[str, Any]) -> dict[str, Any]:

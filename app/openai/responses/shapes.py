@@ -91,9 +91,18 @@ def reasoning_item(id: str, status: str, text: str | None) -> dict[str, Any]:
             "summary": [] if text is None else [summary_part(text)]}
 
 
-def function_call_item(id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    return {"id": id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+def function_call_item(id: str, status: str, call_id: str, name: str, arguments: str, *,
+                       namespace: str | None = None) -> dict[str, Any]:
+    """A function call; one of a `namespace` tool's functions carries its namespace (as Codex reads it)."""
+    item = {"id": id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
             "arguments": arguments}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def custom_tool_call_item(id: str, status: str, call_id: str, name: str, input: str) -> dict[str, Any]:
+    return {"id": id, "type": "custom_tool_call", "status": status, "call_id": call_id, "name": name, "input": input}
 
 
 # ---- stream events (the serving numbers them: `sequence_number`) -----------------------------
@@ -151,6 +160,16 @@ def arguments_delta(item_id: str, output_index: int, delta: str) -> dict[str, An
 def arguments_done(item_id: str, output_index: int, name: str, arguments: str) -> dict[str, Any]:
     return {"type": "response.function_call_arguments.done", "item_id": item_id, "output_index": output_index,
             "name": name, "arguments": arguments}
+
+
+def custom_input_delta(item_id: str, output_index: int, delta: str) -> dict[str, Any]:
+    return {"type": "response.custom_tool_call_input.delta", "item_id": item_id, "output_index": output_index,
+            "delta": delta}
+
+
+def custom_input_done(item_id: str, output_index: int, input: str) -> dict[str, Any]:
+    return {"type": "response.custom_tool_call_input.done", "item_id": item_id, "output_index": output_index,
+            "input": input}
 
 
 def error_event(code: str | None, message: str, param: str | None) -> dict[str, Any]:

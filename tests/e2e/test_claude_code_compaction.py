@@ -1,0 +1,65 @@
+"""Claude Code survives a context overflow by compacting: on a build whose context its conversation
+outgrows (16,384 tokens: its first request alone is ~11,600), the turn that overflows gets
+Anthropic's 400 ('prompt is too long: N tokens > M maximum'), Claude Code compacts the history
+through etserve (a summary request) and retries, and the turn completes.
+
+Measured on the way: a single message too big for the room left is not rescued by compacting
+(the retry still holds it); the overflow must come from the history, as in a long session."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .servers import Server
+from .test_claude_code import claude, served_model_info  # noqa: F401  (claude is a fixture)
+
+CONTEXT = 16384
+TURN_TIMEOUT = 1500
+NOTES = "\n".join(f"Note {i}: the quick brown fox jumps over the lazy dog near the river bank." for i in range(150))
+
+
+@pytest.fixture(scope="module")
+def small_qwen(qwen_dir):
+    srv = Server(qwen_dir, {"ETSERVE_MAX_CONTEXT": str(CONTEXT)})
+    try:
+        srv.wait_ready(timeout=300)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def statuses(server, since: int) -> list[str]:
+    log = server.log_path.read_bytes()[since:].decode(errors="replace")
+    return re.findall(r'"POST /v1/messages\?beta=true HTTP/1\.1" (\d{3})', log)
+
+
+def test_claude_code_compacts_when_its_history_outgrows_the_context(claude, small_qwen, tmp_path):  # noqa: F811
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
+           "ANTHROPIC_BASE_URL": small_qwen.base_url, "ANTHROPIC_API_KEY": "anything",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    model = served_model_info(small_qwen)["id"]
+
+    def turn(text: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(claude), "-p", *extra, text, "--model", model], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=TURN_TIMEOUT)
+
+    first = turn("Reply with one word: hello")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    second = turn("Here are my notes:\n" + NOTES + "\nReply with one word: ok", "--continue")
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    since = small_qwen.log_path.stat().st_size
+    third = turn("More notes:\n" + NOTES + "\nReply with one word: done", "--continue")
+    seen = statuses(small_qwen, since)
+    print(f"\nthird turn: exit {third.returncode}, /v1/messages statuses {seen}\n{third.stdout[-500:]}")
+    assert third.returncode == 0, (seen, third.stdout[-2000:], third.stderr[-2000:])
+    assert third.stdout.strip()
+    # the overflow (400), then the compaction's summary request and the retried turn (200s)
+    assert seen[0] == "400" and seen[1:] and set(seen[1:]) == {"200"}, seen

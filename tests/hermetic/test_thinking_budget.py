@@ -1,0 +1,51 @@
+"""Anthropic's thinking.budget_tokens bounds the thinking: a model still thinking when the budget
+is spent has its thinking closed for it and answers (the real app over the scripted fake model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes.scripted import FakeModel
+
+# ChatML whose generation prompt opens the thinking, as thinking models' templates do
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+
+
+@pytest.fixture
+def thinker():
+    model = FakeModel(template=THINKING_TEMPLATE, max_seq_len=4096)
+    # thinks forever, unless the thinking was closed for it: then it answers
+    model.script.reply(lambda text: "</think>" in text.rsplit("<|im_start|>assistant", 1)[-1],
+                       ["Hi", " there"])
+    model.script.default(["Let me see: hmm"], then="repeat")
+    yield model
+    model.runtime.release()
+    model.close()
+
+
+def body(**kw):
+    return {"model": "m", "max_tokens": 3000, "messages": [{"role": "user", "content": "Think, then answer."}],
+            **kw}
+
+
+def test_thinking_stops_at_the_budget_and_the_answer_follows(thinker):
+    client = thinker.client()
+    r = client.simulate_post("/v1/messages", json=body(thinking={"type": "enabled", "budget_tokens": 1024})).json
+    kinds = [b["type"] for b in r["content"]]
+    assert kinds == ["thinking", "text"], r
+    thought = thinker.encode(r["content"][0]["thinking"])
+    assert 1024 <= len(thought) <= 1026, len(thought)  # the budget, and the step the engine was on
+    assert r["content"][1]["text"] == "Hi there" and r["stop_reason"] == "end_turn"
+    assert 1024 < r["usage"]["output_tokens"] < 1040
+    # streamed: the same blocks
+    stream = client.simulate_post("/v1/messages", json=body(thinking={"type": "enabled", "budget_tokens": 1024},
+                                                            stream=True)).text
+    assert "thinking_delta" in stream and '"text": "Hi"' in stream.replace('"text":"Hi"', '"text": "Hi"')
+    assert "event: message_stop" in stream
+
+
+def test_without_a_budget_the_thinking_runs_to_max_tokens(thinker):
+    r = thinker.client().simulate_post("/v1/messages", json=body(max_tokens=1500)).json
+    assert [b["type"] for b in r["content"]] == ["thinking"] and r["stop_reason"] == "max_tokens"
