@@ -10,12 +10,12 @@ assistant turn's `reasoning_content`. Custom tools become OpenAI function tools;
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from app import validation
 from app.engine import SamplingParams
 from app.engine.sessions import MAX_SESSION_ID_CHARS
 from app.openai.chat.protocol import MAX_MESSAGES, ResponseFormat
@@ -350,10 +350,9 @@ def _session_from_metadata(value: Any) -> str | None:
         return None
     if not isinstance(user_id, str):
         raise invalid_value("metadata.user_id", "'metadata.user_id' must be a string")
-    try:
-        data = json.loads(user_id)
-    except ValueError:
-        match = _SESSION_SUFFIX.search(user_id)
+    parsed, data = validation.try_loads(user_id)  # a JSON string, or not: either is a user id
+    if not parsed:
+        match = _SESSION_SUFFIX.search(user_id[-256:])
         return match.group(1) if match else None
     session = data.get("session_id") if isinstance(data, dict) else None
     if isinstance(session, str) and 1 <= len(session) <= MAX_SESSION_ID_CHARS:

@@ -8,11 +8,11 @@ and whose fold is the whole message, so the two always agree.
 
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
+from app import validation
 from app.engine import CancelToken, GenerationStats
 from app.openai.chat.protocol import ChatCompletionRequest
 from app.openai.chat.serving import ChatCompletions, PreparedChat
@@ -79,7 +79,7 @@ class ContentBlocks:
     def finish(self) -> list[Named]:
         """Close the last block; each tool_use block's `input` is its arguments, parsed."""
         for index, arguments in self._arguments.items():
-            parsed = json.loads(arguments) if arguments.strip() else {}
+            parsed = validation.try_loads(arguments)[1] if arguments.strip() else {}
             self.blocks[index]["input"] = parsed if isinstance(parsed, dict) else {}
         return self._close()
 

@@ -8,11 +8,11 @@ content, assistant `tool_calls` with arguments as an object, tool messages with
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+from app import validation
 from app.engine import SamplingParams
 
 from ..chat.protocol import ResponseFormat
@@ -89,6 +89,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     text = f.obj("text") or {}
     response_format = _text_format(text)
     reasoning = f.obj("reasoning")
+    for key in ("effort", "summary", "generate_summary"):  # echoed in the response; strings when set
+        validation.require_str((reasoning or {}).get(key), f"reasoning.{key}")
     store = f.boolean("store", True)
     metadata = f.obj("metadata") or {}
     prompt_cache_key = parse_session_id(f.raw("prompt_cache_key"), "prompt_cache_key")
@@ -224,10 +226,8 @@ def _function_call(at: str, item: dict[str, Any]) -> dict[str, Any]:
         raise invalid_value(f"{at}.name", "a function_call needs a string 'name'")
     if not isinstance(arguments, str):
         raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object as a string")
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object") from None
+    parsed = validation.loads_embedded(arguments, param=f"{at}.arguments", what=f"'{at}.arguments'") \
+        if arguments.strip() else {}
     if not isinstance(parsed, dict):
         raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}

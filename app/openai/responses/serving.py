@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from app import validation
 from app.engine import CancelToken
 from app.output import ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 
@@ -261,8 +262,5 @@ def _replayable(item: dict[str, Any]) -> dict[str, Any]:
     """An output item as the next turn's input: a call cut short keeps the arguments that parse."""
     if item["type"] != "function_call":
         return item
-    try:
-        arguments = json.loads(item["arguments"])
-    except ValueError:
-        arguments = {}
+    arguments = validation.try_loads(item["arguments"])[1]
     return dict(item, arguments=json.dumps(arguments if isinstance(arguments, dict) else {}))
