@@ -147,8 +147,7 @@ class Messages:
     def count_tokens(self, request: MessagesRequest) -> dict[str, Any]:
         """The prompt's tokens: what a request with this body reads (input_tokens + cache_read_input_tokens)."""
         check_model(self.model, request.model)
-        prompt = self.chat.render_prompt(self.chat_request(request))
-        return shapes.token_count(len(self.model.tokenizer.encode(prompt)))
+        return shapes.token_count(len(self.chat.prompt(self.chat_request(request)).tokens))
 
     def complete(self, prepared: PreparedMessage, cancel: CancelToken) -> dict[str, Any]:
         pipeline = self.chat.pipeline(prepared.chat, 0, cancel)

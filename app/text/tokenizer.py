@@ -74,6 +74,9 @@ class Tokenizer:
             special[int(key)] = bool(tok.get("special", special.get(int(key), False)))
             added_content.setdefault(int(key), tok["content"])
         self._special: frozenset[int] = frozenset(i for i, s in special.items() if s)
+        # the texts of the control tokens: in client text they are text (app/text/chat_prompt.py)
+        self.special_token_texts: list[str] = sorted({added_content[i] for i in self._special
+                                                      if added_content.get(i)})
 
         table = byte_decoder()
         pieces: list[bytes] = [b""] * self.vocab_size

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
+from app.text.chat_prompt import ChatPrompt, render_chat
 from app.text.chat_template import TemplateError
 from app.output import ChoicePipeline, ContentDelta, OutputOptions, PromptProgress, ReasoningDelta
 from app.text.reasoning import prompt_opens_reasoning
@@ -44,6 +45,11 @@ class ChatCompletions:
     def render_prompt(self, request: ChatCompletionRequest, *, system_only: bool = False) -> str:
         """The prompt the model's template writes for `request`; with `system_only`, just its
         leading system turn (with the tools the template puts there)."""
+        return self.prompt(request, system_only=system_only).text
+
+    def prompt(self, request: ChatCompletionRequest, *, system_only: bool = False) -> ChatPrompt:
+        """The prompt's text and tokens: special tokens only where the template writes them,
+        the client's text (a typed `<|im_start|>` too) tokenized as text."""
         if self.model.template is None:
             raise APIError(400, "this model has no chat template", code="no_chat_template")
         messages, tools = request.messages, request.tools
@@ -54,16 +60,19 @@ class ChatCompletions:
         if system_only:
             messages = messages[:1] if messages and messages[0].get("role") == "system" else []
         kwargs = {"enable_thinking": False} if self.model.no_think else {}  # --no-think; the request wins
+        template = self.model.template
         try:
-            return self.model.template.render(messages, tools=tools, add_generation_prompt=not system_only,
-                                              **(kwargs | request.template_kwargs))
+            return render_chat(self.model.tokenizer,
+                               lambda m, t: template.render(m, tools=t, add_generation_prompt=not system_only,
+                                                            **(kwargs | request.template_kwargs)),
+                               messages, tools)
         except TemplateError as e:
             raise APIError(400, str(e), code="invalid_prompt", param="messages") from None
 
     def _system_tokens(self, request: ChatCompletionRequest, tokens: list[int]) -> int:
         """How many of the prompt's tokens are its system turn: what a context shift keeps."""
         try:
-            system = self.model.tokenizer.encode(self.render_prompt(request, system_only=True))
+            system = self.prompt(request, system_only=True).tokens
         except APIError:  # a template that insists on a user turn: keep nothing in particular
             return 0
         n = 0
@@ -76,8 +85,8 @@ class ChatCompletions:
         check_model(self.model, request.model)
         self.model.engine.check_admission()
         check_token_ids(request.params, self.model.tokenizer.vocab_size)
-        prompt = self.render_prompt(request)
-        tokens = self.model.tokenizer.encode(prompt)
+        rendered = self.prompt(request)
+        prompt, tokens = rendered.text, rendered.tokens
         generation = plan_generation(self.model, tokens, request.params, param="messages",
                                      session_id=request.session_id, report_progress=request.return_progress)
         if request.top_logprobs:
