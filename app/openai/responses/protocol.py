@@ -64,6 +64,7 @@ class ResponsesRequest:
     echo_tools: list[dict[str, Any]]  # the function tools as the request sent them
     echo_tool_choice: Any
     session_id: str | None = None  # prompt_cache_key, else a session header
+    owner: str | None = None  # the client (app/auth.py) whose stored responses this request may read
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:

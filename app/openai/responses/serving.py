@@ -23,6 +23,7 @@ from app.output import ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, 
 from ..chat.protocol import ChatCompletionRequest
 from ..chat.serving import ChatCompletions, PreparedChat
 from ..errors import APIError, to_api_error
+from ..sessions import scoped
 from ..sse import Named
 from . import shapes
 from .protocol import ResponsesRequest, items_to_messages
@@ -59,7 +60,7 @@ class Responses:
         history: list[dict[str, Any]] = []
         previous = None
         if request.previous_response_id is not None:
-            previous = self.store.get(request.previous_response_id)
+            previous = self.store.get(request.previous_response_id, request.owner)
             if previous is None:
                 raise not_found(request.previous_response_id)
             history = list(previous.history)
@@ -70,7 +71,7 @@ class Responses:
         # The KV session: the client's prompt_cache_key, else the conversation's (its first response's
         # id), if it can go on (a response not stored cannot be continued by previous_response_id).
         session_id = request.session_id or (previous.session_id if previous else None) \
-            or (response_id if request.store else None)
+            or (scoped(response_id, request.owner) if request.store else None)
         chat_request = ChatCompletionRequest(
             model=request.model, messages=_with_instructions(request.instructions, history), params=request.params,
             stream=request.stream, include_usage=False, tools=request.tools,
@@ -138,7 +139,7 @@ class Responses:
             return
         if prepared.request.store:
             history = prepared.history + items_to_messages([_replayable(i) for i in writer.output], "output")
-            self.store.put(StoredResponse(final, history, prepared.session_id))
+            self.store.put(StoredResponse(final, history, prepared.session_id, prepared.request.owner))
         yield numbered(shapes.lifecycle(status, final))
 
     def _response(self, prepared: PreparedResponse, status: str, output: list[dict[str, Any]],
