@@ -68,3 +68,13 @@ def test_a_placeholder_lookalike_from_the_client_stays_text(smol):
     prompt = _render(tok, template, [{"role": "user", "content": fake}])
     assert fake in prompt.text
     assert prompt.tokens.count(tok.token_to_id("<|im_start|>")) == 3
+
+
+def test_long_texts_encode_as_short_ones_do(smol):
+    """Past 64 Ki characters encode goes through encode_batch (it releases the GIL): same ids."""
+    tok, _ = smol
+    text = ("Hello <|im_start|> wörld 123\n" * 4000)
+    assert len(text) > 1 << 16
+    assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+    assert tok.encode_text(text) == tok._tok_text.encode(text, add_special_tokens=False).ids
+    assert tok.token_to_id("<|im_start|>") not in tok.encode_text(text)
