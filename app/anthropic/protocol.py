@@ -33,7 +33,8 @@ IGNORED_FIELDS = ("metadata", "service_tier", "cache_control", "context_manageme
 NOT_SUPPORTED = ("mcp_servers",)
 REFUSED_BLOCKS = ("image", "document")  # this model reads text only
 MAX_TOOL_NAME = 128
-_logged_server_tools: set[str] = set()
+_logged_server_tools: set[str] = set()  # logged once each; bounded, as a client picks the names
+MAX_LOGGED_TOOL_TYPES = 64
 
 
 @dataclass(frozen=True)
@@ -260,9 +261,9 @@ def _tools(value: list[Any] | None) -> list[dict[str, Any]] | None:
         if not isinstance(kind, str):
             raise invalid_value(f"{where}.type", "a tool's 'type' must be a string")
         if kind != "custom":  # a server tool (web_search_20250305, bash_20250124, ...): nothing runs it here
-            if kind not in _logged_server_tools:
-                _logged_server_tools.add(kind)
-                log.info("server tool type %r is accepted and left out of the prompt", kind)
+            if kind not in _logged_server_tools and len(_logged_server_tools) < MAX_LOGGED_TOOL_TYPES:
+                _logged_server_tools.add(kind[:64])  # clients choose these names: kept few and short
+                log.info("server tool type %r is accepted and left out of the prompt", kind[:64])
             continue
         name, schema, description = tool.get("name"), tool.get("input_schema"), tool.get("description")
         if not isinstance(name, str) or not 1 <= len(name) <= MAX_TOOL_NAME:

@@ -81,3 +81,17 @@ def test_template_kwargs_cannot_replace_what_the_server_sets(name):
 def test_model_output_too_deep_is_not_a_value():
     from app.tools.coerce import _FAIL
     assert _json_or_python("[" * 5000 + "]" * 5000) is _FAIL  # refused, no RecursionError
+
+
+def test_logged_tool_type_sets_stay_bounded():
+    """Each unknown tool type is logged once; a client sending endless new ones grows nothing."""
+    from app.anthropic import protocol as anthropic_protocol
+    from app.openai.responses import protocol as responses_protocol
+
+    for i in range(500):
+        parse_messages_request({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+                                "tools": [{"type": f"server_tool_{i}" + "x" * 1000}]})
+        parse_responses_request({"input": "x", "tools": [{"type": f"hosted_{i}" + "y" * 1000}]})
+    assert len(anthropic_protocol._logged_server_tools) <= anthropic_protocol.MAX_LOGGED_TOOL_TYPES
+    assert len(responses_protocol._logged_tool_types) <= 64
+    assert all(len(k) <= 64 for k in anthropic_protocol._logged_server_tools | responses_protocol._logged_tool_types)

@@ -276,7 +276,7 @@ def _tools(value: list[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 def _log_ignored_tool(kind: str) -> None:
     if kind not in _logged_tool_types and len(_logged_tool_types) < 64:
-        _logged_tool_types.add(kind)
+        _logged_tool_types.add(kind[:64])
         log.info("responses: tools of type %r are accepted and left out of the prompt (etserve cannot run them)",
                  kind[:64])
 
