@@ -41,3 +41,23 @@ def test_a_huge_count_tokens_does_not_stall_the_server(server):
         else:
             assert r.json()["type"] == "error" and r.headers["Retry-After"]
     assert slowest < 2.0, f"/health took {slowest:.2f} s while count_tokens ran"
+
+
+def test_a_huge_chat_prompt_does_not_stall_the_server(server):
+    """A 3.5 MB conversation is far past the context (a 400), but finding that out means
+    tokenizing it: off the event loop, /health answers meanwhile."""
+    url = server.base_url
+    results: list = []
+    body = {**_big_body(3.5), "max_tokens": 1}
+    threads = [threading.Thread(target=lambda: results.append(
+        requests.post(url + "/v1/chat/completions", json=body, timeout=300))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    slowest = 0.0
+    while any(t.is_alive() for t in threads):
+        start = time.monotonic()
+        assert requests.get(url + "/health", timeout=30).status_code == 200
+        slowest = max(slowest, time.monotonic() - start)
+        time.sleep(0.05)
+    assert [r.json()["error"]["code"] for r in results] == ["context_length_exceeded"] * 2
+    assert slowest < 2.0, f"/health took {slowest:.2f} s while the chat prompts were tokenized"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from app.engine import CancelToken, GenerationRequest
+from app.engine.offload import run_blocking
 from app.model_host import ServedModel
 from app.text.chat_prompt import ChatPrompt, render_chat
 from app.text.chat_template import TemplateError
@@ -25,6 +26,20 @@ from ..generation_params import check_token_ids
 from . import shapes
 from .constraints import output_constraint
 from .protocol import ChatCompletionRequest
+
+
+LONG_PROMPT_CHARS = 1 << 16
+
+
+def _long(request: ChatCompletionRequest) -> bool:
+    """More text than the event loop should tokenize in passing."""
+    total = 0
+    for m in request.messages:
+        content = m.get("content")
+        total += len(content) if isinstance(content, str) else 0
+        if total > LONG_PROMPT_CHARS:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -85,7 +100,9 @@ class ChatCompletions:
         check_model(self.model, request.model)
         self.model.engine.check_admission()
         check_token_ids(request.params, self.model.tokenizer.vocab_size)
-        rendered = self.prompt(request)
+        # a long conversation is rendered and tokenized off the event loop (seconds for megabytes);
+        # the engine's admission above bounds how many wait for it
+        rendered = run_blocking(self.prompt, request) if _long(request) else self.prompt(request)
         prompt, tokens = rendered.text, rendered.tokens
         generation = plan_generation(self.model, tokens, request.params, param="messages",
                                      session_id=request.session_id, report_progress=request.return_progress)
