@@ -74,9 +74,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sse_keepalive", "ETSERVE_SSE_KEEPALIVE", "--sse-keepalive", "10",
             "seconds of silence after which a stream gets an SSE comment (: keep-alive), e.g. while "
             "it waits for the model or its prompt is read; 0: never"),
+    Setting("write_timeout", "ETSERVE_WRITE_TIMEOUT", "--write-timeout", "60",
+            "seconds a write to (or read from) a client may block without progress before the connection "
+            "is dropped and its generation cancelled: a client that stops reading a stream frees the "
+            "engine; 0: never"),
     Setting("responses_store_size", "ETSERVE_RESPONSES_STORE_SIZE", "--responses-store-size", "100",
             "finished /v1/responses responses kept in memory (LRU) for GET /v1/responses/{id} and "
             "previous_response_id; 0: none are kept"),
+    Setting("responses_store_mib", "ETSERVE_RESPONSES_STORE_MIB", "--responses-store-mib", "64",
+            "memory (MiB) the stored /v1/responses responses may take, counted as their JSON (which echoes "
+            "tools, metadata and the conversation); the least recently used go first; a response over a "
+            "quarter of it is not kept"),
     Setting("tokenizer_path", "ETSERVE_TOKENIZER_PATH", "--tokenizer-path", "",
             "a tokenizer.json file, or a directory holding one, instead of the one beside the model; "
             "its tokenizer_config.json is read from the same directory if there is one"),
@@ -125,7 +133,9 @@ class Settings:
     keep: int
     max_tokens_cap: int
     sse_keepalive: float
+    write_timeout: float
     responses_store_size: int
+    responses_store_mib: int
     tokenizer_path: str
     hf_tokenizer: str
     max_context: int

@@ -41,6 +41,7 @@ from app.openai.tokenize.routes import TokenizerResource
 from app.openai.tokenize.serving import Tokenization
 from app.request_id import RequestId
 from app.settings import Settings
+from app.write_timeout import WriteTimeout
 
 
 def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) -> None:
@@ -60,7 +61,8 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
                                     sse_keepalive=settings.sse_keepalive, done=False)
     app.add_route("/completion", completion)
     app.add_route("/props", PropsResource(model))
-    responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size))
+    responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size,
+                                                              settings.responses_store_mib * 1024 * 1024))
     responses = responses_resource(responses_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
     stored_responses = StoredResponseResource(responses_service)
     for prefix in ("/v1", ""):
@@ -100,7 +102,7 @@ def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.A
     state = _serving = ModelState()
     router = falcon.routing.DefaultRouter()
     metrics = Metrics(lambda: state.model.engine if state.model else None)
-    middleware = [ObserveRequests(metrics, route_finder(router)), RequestId()]
+    middleware = [ObserveRequests(metrics, route_finder(router)), RequestId(), WriteTimeout(settings.write_timeout)]
     open_metrics = metrics_open(settings.metrics_auth)  # refuses a value it does not know
     if settings.api_key:  # the chat page holds no data; its API calls need the key
         middleware.append(RequireApiKey(settings.api_key, frozenset({"/", "/metrics"} if open_metrics else {"/"})))

@@ -10,12 +10,12 @@ assistant turn's `reasoning_content`. Custom tools become OpenAI function tools;
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from app import validation
 from app.engine import SamplingParams
 from app.engine.sessions import MAX_SESSION_ID_CHARS
 from app.openai.chat.protocol import MAX_MESSAGES, ResponseFormat
@@ -42,7 +42,8 @@ SERVER_TOOL_BLOCKS = ("server_tool_use", "mcp_tool_use", "web_search_tool_result
                       "container_upload", "tool_reference")
 _warned_blocks: set[str] = set()
 MAX_TOOL_NAME = 128
-_logged_server_tools: set[str] = set()
+_logged_server_tools: set[str] = set()  # logged once each; bounded, as a client picks the names
+MAX_LOGGED_TOOL_TYPES = 64
 
 
 @dataclass(frozen=True)
@@ -314,9 +315,9 @@ def _tools(value: list[Any] | None) -> list[dict[str, Any]] | None:
         if not isinstance(kind, str):
             raise invalid_value(f"{where}.type", "a tool's 'type' must be a string")
         if kind != "custom":  # a server tool (web_search_20250305, bash_20250124, ...): nothing runs it here
-            if kind not in _logged_server_tools:
-                _logged_server_tools.add(kind)
-                log.info("server tool type %r is accepted and left out of the prompt", kind)
+            if kind not in _logged_server_tools and len(_logged_server_tools) < MAX_LOGGED_TOOL_TYPES:
+                _logged_server_tools.add(kind[:64])  # clients choose these names: kept few and short
+                log.info("server tool type %r is accepted and left out of the prompt", kind[:64])
             continue
         name, schema, description = tool.get("name"), tool.get("input_schema"), tool.get("description")
         if not isinstance(name, str) or not 1 <= len(name) <= MAX_TOOL_NAME:
@@ -419,10 +420,9 @@ def _session_from_metadata(value: Any) -> str | None:
         return None
     if not isinstance(user_id, str):
         raise invalid_value("metadata.user_id", "'metadata.user_id' must be a string")
-    try:
-        data = json.loads(user_id)
-    except ValueError:
-        match = _SESSION_SUFFIX.search(user_id)
+    parsed, data = validation.try_loads(user_id)  # a JSON string, or not: either is a user id
+    if not parsed:
+        match = _SESSION_SUFFIX.search(user_id[-256:])
         return match.group(1) if match else None
     session = data.get("session_id") if isinstance(data, dict) else None
     if isinstance(session, str) and 1 <= len(session) <= MAX_SESSION_ID_CHARS:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import falcon
 
+from app.admission import Offload
+
 from app.openai.body import read_json
 from app.openai.errors import Envelope
 from app.openai.generation_resource import GenerationResource
@@ -27,12 +29,17 @@ def messages_resource(service: Messages, max_body_bytes: int, *, sse_keepalive: 
 
 
 class CountTokensResource:
+    """Rendering and tokenizing a body of up to --max-body-bytes takes a while: done off the event
+    loop, two at a time (app/admission.py), a third gets a 429."""
+
     def __init__(self, service: Messages, max_body_bytes: int):
         self.service = service
         self.max_body_bytes = max_body_bytes
+        self.offload = Offload("count_tokens")
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.media = self.service.count_tokens(parse_count_tokens_request(read_json(req, self.max_body_bytes)))
+        request = parse_count_tokens_request(read_json(req, self.max_body_bytes))
+        resp.media = self.offload.run(self.service.count_tokens, request)
 
 
 def add_routes(app: falcon.App, service: Messages, max_body_bytes: int, *, sse_keepalive: float = 0.0) -> None:

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
+from app import validation
 from app.engine import CancelToken, GenerationStats
 from app.openai.chat.protocol import ChatCompletionRequest
 from app.openai.chat.serving import ChatCompletions, PreparedChat
@@ -159,7 +160,7 @@ class ContentBlocks:
     def finish(self) -> list[Named]:
         """Close the last block; each tool_use block's `input` is its arguments, parsed."""
         for index, arguments in self._arguments.items():
-            parsed = json.loads(arguments) if arguments.strip() else {}
+            parsed = validation.try_loads(arguments)[1] if arguments.strip() else {}
             self.blocks[index]["input"] = parsed if isinstance(parsed, dict) else {}
         return self._close()
 
@@ -244,8 +245,7 @@ class Messages:
     def count_tokens(self, request: MessagesRequest) -> dict[str, Any]:
         """The prompt's tokens: what a request with this body reads (input_tokens + cache_read_input_tokens)."""
         check_model(self.model, request.model)
-        prompt = self.chat.render_prompt(self.chat_request(request))
-        return shapes.token_count(len(self.model.tokenizer.encode(prompt)))
+        return shapes.token_count(len(self.chat.prompt(self.chat_request(request)).tokens))
 
     def complete(self, prepared: PreparedMessage, cancel: CancelToken) -> dict[str, Any]:
         pipeline = BoundedThinking(self.model, prepared.chat, prepared.thinking_budget, cancel)

@@ -7,30 +7,11 @@ from typing import Any
 
 import falcon
 
+from app import validation
+
 from .errors import APIError
 
-MAX_DEPTH = 64
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of decoded JSON, stopping once past `limit`."""
-    depth, level = 0, [value]
-    while level:
-        depth += 1
-        if depth > limit:
-            return depth
-        nxt = []
-        for v in level:
-            if isinstance(v, dict):
-                nxt.extend(v.values())
-            elif isinstance(v, list):
-                nxt.extend(v)
-        level = nxt
-    return depth
+MAX_DEPTH = validation.MAX_DEPTH
 
 
 def _has_lone_surrogate(body: Any) -> bool:
@@ -63,13 +44,12 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
         raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
         text = raw.decode("utf-8")
-        body = json.loads(text, parse_constant=_no_constants)
     except UnicodeDecodeError:
         raise APIError(400, "the request body is not valid UTF-8", code="invalid_json") from None
-    except (ValueError, RecursionError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
-    if _depth(body, MAX_DEPTH) > MAX_DEPTH:
-        raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+    try:
+        body = validation.loads(text, what="the request body")
+    except validation.InvalidInput as e:
+        raise APIError(400, e.message, code="invalid_json") from None
     if "\\u" in text and _has_lone_surrogate(body):
         raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
                        "which is not text", code="invalid_json")

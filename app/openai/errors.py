@@ -51,9 +51,15 @@ def to_api_error(ex: Exception) -> APIError:
     """The client-facing form of any exception; internals are logged, never sent."""
     from app.engine import NativeError, QueueFullError, QueueTimeoutError
     from app.grammar import GrammarError
+    from app.admission import Busy
+    from app.validation import InvalidInput
 
     if isinstance(ex, APIError):
         return ex
+    if isinstance(ex, Busy):
+        return APIError(429, ex.message, code="busy", headers={"Retry-After": str(ex.retry_after)})
+    if isinstance(ex, InvalidInput):  # the shared validation layer (app/validation.py): a 400
+        return APIError(400, ex.message, code=ex.code, param=ex.param)
     if isinstance(ex, QueueFullError):
         return APIError(429, str(ex), code="queue_full", headers={"Retry-After": "2"})
     if isinstance(ex, QueueTimeoutError):

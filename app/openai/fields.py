@@ -34,8 +34,14 @@ class Fields:
         value = self.raw(name)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise invalid_value(name, f"'{name}' must be a number")
+        try:
+            value = float(value)  # an integer of 400 digits is past the float range too
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise invalid_value(name, f"'{name}' is out of range")
         if lo is not None and (value < lo or (lo_open and value == lo)):
             bound = f"greater than {lo}" if lo_open else f"at least {lo}"
             raise invalid_value(name, f"'{name}' must be {bound}, got {value}")

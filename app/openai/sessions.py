@@ -41,11 +41,41 @@ def session_from_headers(req: falcon.Request) -> str | None:
 
 
 def with_header_session(request, req: falcon.Request):
-    """The parsed request, with the session id of the headers if its body named none."""
-    if not hasattr(request, "session_id") or request.session_id is not None:
+    """The parsed request, with the session id of the headers if its body named none, and both
+    it and the request's owner scoped to the client that sent it (see `scoped`)."""
+    if not hasattr(request, "session_id"):
         return request
-    session_id = session_from_headers(req)
-    return request if session_id is None else dataclasses.replace(request, session_id=session_id)
+    session_id = request.session_id if request.session_id is not None else session_from_headers(req)
+    client = client_of(req)
+    changes: dict[str, Any] = {"session_id": scoped(session_id, client)}
+    if hasattr(request, "owner"):
+        changes["owner"] = client
+    return dataclasses.replace(request, **changes)
+
+
+# Between a client's name and its session id in the engine's id of the session.
+CLIENT_SEPARATOR = "~"
+
+
+def client_of(req: falcon.Request) -> str | None:
+    """The client a request comes from (app/auth.py names it by its API key); None without keys."""
+    return req.context.get("client")
+
+
+def scoped(session_id: str | None, client: str | None) -> str | None:
+    """The engine's id of a client's session: with API keys, each client's sessions are its own
+    (another client naming the same id gets another session, and never sees this one)."""
+    if session_id is None or client is None:
+        return session_id
+    return f"{client}{CLIENT_SEPARATOR}{session_id}"
+
+
+def unscoped(engine_id: str, client: str | None) -> str | None:
+    """A session id as its client knows it; None for another client's session."""
+    if client is None:
+        return engine_id
+    prefix = client + CLIENT_SEPARATOR
+    return engine_id[len(prefix):] if engine_id.startswith(prefix) else None
 
 
 class SessionsResource:
@@ -56,9 +86,11 @@ class SessionsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         report = self.model.engine.sessions_report()
+        client = client_of(req)
+        mine = [{**e, "id": unscoped(e["id"], client)} for e in report["entries"]]
         resp.media = {
             "object": "list",
-            "data": [{"object": "session", **e} for e in report["entries"]],
+            "data": [{"object": "session", **e} for e in mine if e["id"] is not None],
             "enabled": report["enabled"],
             "disabled_reason": report["disabled_reason"],
             "max_bytes": report["max_bytes"],
@@ -67,6 +99,6 @@ class SessionsResource:
 
     def on_delete_one(self, req: falcon.Request, resp: falcon.Response, session_id: str) -> None:
         parse_session_id(session_id, "session_id")
-        if not self.model.engine.drop_session(session_id):
+        if not self.model.engine.drop_session(scoped(session_id, client_of(req))):
             raise APIError(404, f"no session '{session_id}'", code="session_not_found", param="session_id")
         resp.media = {"id": session_id, "object": "session", "deleted": True}

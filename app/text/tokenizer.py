@@ -54,6 +54,10 @@ class Tokenizer:
         if not _is_byte_level(spec.get("decoder")):
             raise ValueError("unsupported tokenizer: only byte-level BPE decoders are supported")
         self._tok = _HFTokenizer.from_str(tokenizer_json)
+        # Text read as text (special tokens split as characters): an instance of its own, so no
+        # flag is flipped on the shared one while another thread encodes with it.
+        self._tok_text = _HFTokenizer.from_str(tokenizer_json)
+        self._tok_text.encode_special_tokens = True
 
         self.chat_template: str | None = config.get("chat_template") or None
         self.bos_token: str | None = _token_content(config.get("bos_token"))
@@ -74,6 +78,9 @@ class Tokenizer:
             special[int(key)] = bool(tok.get("special", special.get(int(key), False)))
             added_content.setdefault(int(key), tok["content"])
         self._special: frozenset[int] = frozenset(i for i, s in special.items() if s)
+        # the texts of the control tokens: in client text they are text (app/text/chat_prompt.py)
+        self.special_token_texts: list[str] = sorted({added_content[i] for i in self._special
+                                                      if added_content.get(i)})
 
         table = byte_decoder()
         pieces: list[bytes] = [b""] * self.vocab_size
@@ -110,7 +117,7 @@ class Tokenizer:
         BOS is prepended when ``add_bos`` (default: the config's ``add_bos_token``)
         and the text does not already start with it.
         """
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        ids: list[int] = _encode(self._tok, text)
         if add_bos is None:
             add_bos = self.add_bos_token
         if add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
@@ -120,11 +127,7 @@ class Tokenizer:
     def encode_text(self, text: str) -> list[int]:
         """Token ids of ``text`` read as plain text: a special token written in it (``<|im_end|>``)
         is not parsed into its id. No BOS. For text a user supplies inside a prompt we build."""
-        self._tok.encode_special_tokens = True
-        try:
-            return self._tok.encode(text, add_special_tokens=False).ids
-        finally:
-            self._tok.encode_special_tokens = False
+        return _encode(self._tok_text, text)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (invalid UTF-8 becomes U+FFFD)."""
@@ -145,6 +148,18 @@ class Tokenizer:
 
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
+
+
+# Past this many characters a text is encoded through encode_batch, which releases the GIL while
+# the Rust tokenizer works (encode keeps it): a multi-megabyte prompt tokenized in a worker thread
+# (app/admission.py) then leaves the event loop free to serve others.
+_LONG_TEXT = 1 << 16
+
+
+def _encode(tok: _HFTokenizer, text: str) -> list[int]:
+    if len(text) > _LONG_TEXT:
+        return tok.encode_batch([text], add_special_tokens=False)[0].ids
+    return tok.encode(text, add_special_tokens=False).ids
 
 
 def _token_content(tok: Any) -> str | None:

@@ -3,12 +3,13 @@ and the small typed results each format's reader returns to the scanner."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import string
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Optional, Union
+
+from app.validation import try_loads
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -82,9 +83,8 @@ def call_from_obj(obj: Any) -> Optional[Call]:
     if args is None or (isinstance(args, str) and not args.strip()):
         args = {}
     if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
+        parsed, args = try_loads(args)  # bounded depth: the model's text is no more trusted than a client's
+        if not parsed:
             return None
     if not isinstance(args, dict):
         return None

@@ -8,6 +8,8 @@ import math
 import re
 from typing import Any
 
+from app.validation import MAX_DEPTH, try_loads
+
 _INT = re.compile(r"[-+]?\d+\Z")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 _FAIL = object()
@@ -33,12 +35,25 @@ def schema_types(schema: Any) -> list[str]:
     return out
 
 
+def _bracket_depth(s: str) -> int:
+    """How deep the brackets of `s` go (quotes ignored: an upper bound is all that is needed)."""
+    level = deepest = 0
+    for c in s:
+        if c in "([{":
+            level += 1
+            deepest = max(deepest, level)
+        elif c in ")]}":
+            level -= 1
+    return deepest
+
+
 def _json_or_python(s: str) -> Any:
     """JSON, or a Python literal (small models write `{'a': 1}`) that survives a JSON round trip."""
-    try:
-        return json.loads(s)
-    except ValueError:
-        pass
+    parsed, value = try_loads(s)
+    if parsed:
+        return value
+    if _bracket_depth(s) > MAX_DEPTH:  # literal_eval recurses as deep as the brackets go
+        return _FAIL
     try:
         value = ast.literal_eval(s)
         json.dumps(value)
@@ -82,10 +97,8 @@ def coerce_value(raw: str, schema: Any) -> Any:
     s = raw.strip()
     known = [t for t in types if t in ("null", "boolean", "integer", "number", "object", "array", "string")]
     if not known:
-        try:
-            return json.loads(s)
-        except ValueError:
-            return raw
+        parsed, value = try_loads(s)
+        return value if parsed else raw
     if known == ["string"]:
         return raw
     for kind in ("null", "boolean", "integer", "number", "object", "array"):

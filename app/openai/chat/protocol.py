@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from app import validation
 
 from ..errors import invalid_value
 from ..fields import Fields, message_list, parse_stream
@@ -12,6 +13,8 @@ from ..generation_params import GenerationParams, parse_generation_params
 from ..sessions import parse_session_id
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# Optional message fields a template writes as text: a string when present.
+STRING_FIELDS = ("name", "tool_call_id", "reasoning_content")
 MAX_MESSAGES = 4096
 MAX_CHOICES = 8
 
@@ -64,7 +67,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     top_logprobs = f.integer("top_logprobs", 0, lo=0, hi=20)
     if top_logprobs and not logprobs:
         raise invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs': true")
-    template_kwargs = f.obj("chat_template_kwargs") or {}
+    template_kwargs = _template_kwargs(f.obj("chat_template_kwargs") or {})
     return_progress = f.boolean("return_progress", False) and stream  # llama.cpp: only streams report it
     session_id = parse_session_id(f.raw("session_id"))
     for name in METADATA_FIELDS:
@@ -101,6 +104,8 @@ def _message(i: int, m: Any) -> dict[str, Any]:
     role = m.get("role")
     if role not in ROLES:
         raise invalid_value(f"{where}.role", f"'{where}.role' must be one of {', '.join(ROLES)}")
+    for key in STRING_FIELDS:  # the template writes them as text
+        validation.require_str(m.get(key), f"{where}.{key}")
     out = dict(m)
     out["content"] = _content(where, role, m.get("content"), has_tool_calls=bool(m.get("tool_calls")))
     if m.get("tool_calls") is not None:
@@ -112,6 +117,19 @@ def _message(i: int, m: Any) -> dict[str, Any]:
     return out
 
 
+# What the server itself gives the template: a client's chat_template_kwargs cannot replace them.
+RESERVED_TEMPLATE_NAMES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                           "raise_exception", "strftime_now")
+
+
+def _template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    for name in value:
+        if name in RESERVED_TEMPLATE_NAMES:
+            raise invalid_value(f"chat_template_kwargs.{name}",
+                                f"'chat_template_kwargs' cannot set {name!r}: the server sets it")
+    return value
+
+
 def _tool_calls(where: str, calls: Any) -> list[dict[str, Any]]:
     """Assistant tool calls as templates expect them (HF convention: arguments as an object)."""
     if not isinstance(calls, list):
@@ -121,13 +139,15 @@ def _tool_calls(where: str, calls: Any) -> list[dict[str, Any]]:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise invalid_value(f"{where}.tool_calls[{j}]", "each tool call needs a function with a string 'name'")
+        at = f"{where}.tool_calls[{j}].function.arguments"
         arguments = fn.get("arguments", {})
+        if arguments is None:
+            arguments = {}
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
-                raise invalid_value(f"{where}.tool_calls[{j}].function.arguments",
-                                    "tool call arguments must be a JSON object") from None
+            arguments = validation.loads_embedded(arguments, param=at, what=f"'{at}'") if arguments.strip() else {}
+        if not isinstance(arguments, dict):  # templates iterate it as an object (arguments|items)
+            raise invalid_value(at, "tool call arguments must be a JSON object (or one as a string)")
+        validation.require_str(call.get("id"), f"{where}.tool_calls[{j}].id")
         out.append({**call, "function": {**fn, "arguments": arguments}})
     return out
 
@@ -164,6 +184,9 @@ def _tools(value: list[Any] | None) -> list[dict[str, Any]] | None:
             raise invalid_value(f"tools[{i}]", "each tool must be {\"type\": \"function\", \"function\": {...}}")
         if not isinstance(tool["function"].get("name"), str):
             raise invalid_value(f"tools[{i}].function.name", "each function needs a string 'name'")
+        # the template writes them (tojson), the grammar compiles the schema: an object, a string
+        validation.require_obj(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
+        validation.require_str(tool["function"].get("description"), f"tools[{i}].function.description")
     return value
 
 

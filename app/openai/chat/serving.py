@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from app.engine import CancelToken, GenerationRequest
+from app.engine.offload import run_blocking
 from app.model_host import ServedModel
+from app.text.chat_prompt import ChatPrompt, render_chat
 from app.text.chat_template import TemplateError
 from app.output import ChoicePipeline, ContentDelta, OutputOptions, PromptProgress, ReasoningDelta
 from app.text.reasoning import prompt_opens_reasoning
@@ -24,6 +26,20 @@ from ..generation_params import check_token_ids
 from . import shapes
 from .constraints import output_constraint
 from .protocol import ChatCompletionRequest
+
+
+LONG_PROMPT_CHARS = 1 << 16
+
+
+def _long(request: ChatCompletionRequest) -> bool:
+    """More text than the event loop should tokenize in passing."""
+    total = 0
+    for m in request.messages:
+        content = m.get("content")
+        total += len(content) if isinstance(content, str) else 0
+        if total > LONG_PROMPT_CHARS:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,11 @@ class ChatCompletions:
     def render_prompt(self, request: ChatCompletionRequest, *, system_only: bool = False) -> str:
         """The prompt the model's template writes for `request`; with `system_only`, just its
         leading system turn (with the tools the template puts there)."""
+        return self.prompt(request, system_only=system_only).text
+
+    def prompt(self, request: ChatCompletionRequest, *, system_only: bool = False) -> ChatPrompt:
+        """The prompt's text and tokens: special tokens only where the template writes them,
+        the client's text (a typed `<|im_start|>` too) tokenized as text."""
         if self.model.template is None:
             raise APIError(400, "this model has no chat template", code="no_chat_template")
         messages, tools = request.messages, request.tools
@@ -54,16 +75,19 @@ class ChatCompletions:
         if system_only:
             messages = messages[:1] if messages and messages[0].get("role") == "system" else []
         kwargs = {"enable_thinking": False} if self.model.no_think else {}  # --no-think; the request wins
+        template = self.model.template
         try:
-            return self.model.template.render(messages, tools=tools, add_generation_prompt=not system_only,
-                                              **(kwargs | request.template_kwargs))
+            return render_chat(self.model.tokenizer,
+                               lambda m, t: template.render(m, tools=t, add_generation_prompt=not system_only,
+                                                            **(kwargs | request.template_kwargs)),
+                               messages, tools)
         except TemplateError as e:
             raise APIError(400, str(e), code="invalid_prompt", param="messages") from None
 
     def _system_tokens(self, request: ChatCompletionRequest, tokens: list[int]) -> int:
         """How many of the prompt's tokens are its system turn: what a context shift keeps."""
         try:
-            system = self.model.tokenizer.encode(self.render_prompt(request, system_only=True))
+            system = self.prompt(request, system_only=True).tokens
         except APIError:  # a template that insists on a user turn: keep nothing in particular
             return 0
         n = 0
@@ -76,8 +100,10 @@ class ChatCompletions:
         check_model(self.model, request.model)
         self.model.engine.check_admission()
         check_token_ids(request.params, self.model.tokenizer.vocab_size)
-        prompt = self.render_prompt(request)
-        tokens = self.model.tokenizer.encode(prompt)
+        # a long conversation is rendered and tokenized off the event loop (seconds for megabytes);
+        # the engine's admission above bounds how many wait for it
+        rendered = run_blocking(self.prompt, request) if _long(request) else self.prompt(request)
+        prompt, tokens = rendered.text, rendered.tokens
         generation = plan_generation(self.model, tokens, request.params, param="messages",
                                      session_id=request.session_id, report_progress=request.return_progress)
         if request.top_logprobs:

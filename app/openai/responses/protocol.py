@@ -8,11 +8,11 @@ content, assistant `tool_calls` with arguments as an object, tool messages with
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from app import validation
 from app.engine import SamplingParams
 
 from ..chat.protocol import ResponseFormat
@@ -65,6 +65,7 @@ class ResponsesRequest:
     echo_tool_choice: Any
     session_id: str | None = None  # prompt_cache_key, else a session header
     tool_refs: dict[str, "ToolRef"] = field(default_factory=dict)  # prompt name -> the client's tool
+    owner: str | None = None  # the client (app/auth.py) whose stored responses this request may read
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     text = f.obj("text") or {}
     response_format = _text_format(text)
     reasoning = f.obj("reasoning")
+    for key in ("effort", "summary", "generate_summary"):  # echoed in the response; strings when set
+        validation.require_str((reasoning or {}).get(key), f"reasoning.{key}")
     store = f.boolean("store", True)
     metadata = f.obj("metadata") or {}
     prompt_cache_key = parse_session_id(f.raw("prompt_cache_key"), "prompt_cache_key")
@@ -301,10 +304,8 @@ def _text_of(at: str, output: Any, *, objects: bool = False) -> str:
 def _arguments(at: str, arguments: Any) -> dict[str, Any]:
     if not isinstance(arguments, str):
         raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object as a string")
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object") from None
+    parsed = validation.loads_embedded(arguments, param=f"{at}.arguments", what=f"'{at}.arguments'") \
+        if arguments.strip() else {}
     if not isinstance(parsed, dict):
         raise invalid_value(f"{at}.arguments", "a function_call's 'arguments' must be a JSON object")
     return parsed
@@ -457,7 +458,7 @@ def _function(where: str, tool: dict[str, Any], ref: ToolRef, name: str) -> dict
 
 def _log_ignored_tool(kind: str) -> None:
     if kind not in _logged_tool_types and len(_logged_tool_types) < 64:
-        _logged_tool_types.add(kind)
+        _logged_tool_types.add(kind[:64])
         log.info("responses: tools of type %r are accepted and left out of the prompt (etserve cannot run them)",
                  kind[:64])
 

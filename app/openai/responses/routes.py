@@ -6,6 +6,7 @@ import falcon
 
 from ..errors import APIError, to_api_error
 from ..generation_resource import GenerationResource
+from ..sessions import client_of
 from ..sse import Event, Named
 from . import shapes
 from .protocol import parse_responses_request
@@ -30,13 +31,13 @@ class StoredResponseResource:
         self.service = service
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
-        entry = self.service.store.get(response_id)
+        entry = self.service.store.get(response_id, client_of(req))
         if entry is None:
             raise _unknown(response_id)
         resp.media = entry.response
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
-        if not self.service.store.delete(response_id):
+        if not self.service.store.delete(response_id, client_of(req)):
             raise _unknown(response_id)
         resp.media = shapes.deleted(response_id)
 

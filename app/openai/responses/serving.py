@@ -16,12 +16,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from app import validation
 from app.engine import CancelToken
 from app.output import ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 
 from ..chat.protocol import ChatCompletionRequest
 from ..chat.serving import ChatCompletions, PreparedChat
 from ..errors import APIError, to_api_error
+from ..sessions import scoped
 from ..sse import Named
 from . import shapes
 from .protocol import ResponsesRequest, ToolRef, items_to_messages, prompt_names
@@ -66,7 +68,7 @@ class Responses:
         history: list[dict[str, Any]] = []
         previous = None
         if request.previous_response_id is not None:
-            previous = self.store.get(request.previous_response_id)
+            previous = self.store.get(request.previous_response_id, request.owner)
             if previous is None:
                 raise previous_not_found(request.previous_response_id)
             history = list(previous.history)
@@ -77,7 +79,7 @@ class Responses:
         # The KV session: the client's prompt_cache_key, else the conversation's (its first response's
         # id), if it can go on (a response not stored cannot be continued by previous_response_id).
         session_id = request.session_id or (previous.session_id if previous else None) \
-            or (response_id if request.store else None)
+            or (scoped(response_id, request.owner) if request.store else None)
         chat_request = ChatCompletionRequest(
             model=request.model, messages=_with_instructions(request.instructions, history), params=request.params,
             stream=request.stream, include_usage=False, tools=request.tools,
@@ -156,7 +158,7 @@ class Responses:
         if prepared.request.store:
             history = prepared.history + items_to_messages([_replayable(i) for i in writer.output], "output",
                                                            prompt_names(prepared.request.tool_refs))
-            self.store.put(StoredResponse(final, history, prepared.session_id))
+            self.store.put(StoredResponse(final, history, prepared.session_id, prepared.request.owner))
         yield numbered(shapes.lifecycle(status, final))
 
     def _response(self, prepared: PreparedResponse, status: str, output: list[dict[str, Any]],
@@ -306,8 +308,5 @@ def _replayable(item: dict[str, Any]) -> dict[str, Any]:
     """An output item as the next turn's input: a call cut short keeps the arguments that parse."""
     if item["type"] != "function_call":
         return item
-    try:
-        arguments = json.loads(item["arguments"])
-    except ValueError:
-        arguments = {}
+    arguments = validation.try_loads(item["arguments"])[1]
     return dict(item, arguments=json.dumps(arguments if isinstance(arguments, dict) else {}))
