@@ -286,7 +286,7 @@ class Engine:
         key = cancel.supersede_key
         if key is not None:
             older = self._superseding.get(key)
-            if older is not None:
+            if older is not None and older[0] is not cancel:  # (a request's own choices never do)
                 older_cancel, older_holder = older
                 if not older_cancel.cancelled:
                     older_cancel.cancel("superseded by a newer request")

@@ -60,3 +60,27 @@ def test_without_a_key_nothing_is_superseded():
         run.result()
         assert gen.stats.finish_reason in ("stop", "length")
     assert engine.superseded == 0
+
+
+def test_a_requests_own_choices_never_supersede_each_other():
+    """llama.vscode's n_cmpl alternatives are several generations of one request, with its key."""
+    fake = FakeModel(fim=True)
+    client = fake.client()
+    r = client.simulate_post("/infill", json={"input_prefix": "def f(x):\n    ", "input_suffix": "\n",
+                                              "n_predict": 4, "n_cmpl": 3, "temperature": 0.5, "seed": 1})
+    assert r.status_code == 200, r.text
+    assert isinstance(r.json, list) and len(r.json) == 3
+    assert all(c["stop"] and c["stop_type"] != "none" for c in r.json), r.json
+    assert fake.engine.superseded == 0
+
+
+def test_the_choices_of_one_fim_completion_never_supersede_each_other():
+    fake = FakeModel(fim=True)
+    client = fake.client()
+    for stream in (False, True):
+        r = client.simulate_post("/v1/completions", json={"prompt": "def f(x):\n    ", "suffix": "\n", "n": 3,
+                                                          "max_tokens": 4, "temperature": 0.5, "stream": stream})
+        assert r.status_code == 200, r.text
+        if not stream:
+            assert all(c["finish_reason"] in ("stop", "length") for c in r.json["choices"]), r.json
+    assert fake.engine.superseded == 0
