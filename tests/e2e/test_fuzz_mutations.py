@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from hostile.workers import worker_pids
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "560"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "510"))  # x 10 routes
 RESULTS: Counter[str] = Counter()
 MAX_BODY = 5 * 1024 * 1024  # just past the server's limit (4 MiB): bodies stay cheap to build and send
 
@@ -71,6 +71,10 @@ ROUTES = {
         "input_prefix": "def f(x):\n    ", "input_suffix": "\n    return y\n", "prompt": "",
         "input_extra": [{"filename": "a.py", "text": "import os\n"}], "n_predict": 1, "temperature": 0.2,
         "top_k": 10, "repeat_penalty": 1.1, "n_indent": 4, "cache_prompt": True, "stream": False}),
+    "completion": ("POST", "/completion", {  # llama.cpp's own (Continue's llama.cpp provider)
+        "prompt": "Once upon", "n_predict": 1, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.05,
+        "repeat_penalty": 1.1, "seed": 3, "stop": ["\n"], "cache_prompt": True, "n_probs": 0,
+        "samplers": ["top_k", "top_p", "min_p", "temperature"], "stream": False}),
     "tokenize": ("POST", "/tokenize", {"content": "hello world", "add_special": True}),
     "detokenize": ("POST", "/detokenize", {"tokens": [1, 2, 3]}),
     "apply-template": ("POST", "/apply-template", {"messages": USER, "tools": [TOOL],

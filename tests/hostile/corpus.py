@@ -156,11 +156,21 @@ def _cases():
     yield Case("too-large", "POST", chat, b'{"messages": "' + b"a" * (5 * 1024 * 1024) + b'"}', 413)
     # ---- other routes ----
     yield Case("unknown-response-id", "GET", "/v1/responses/resp_" + "f" * 32, None, 404)
+    # OpenAI's answer: 400 previous_response_not_found
     yield Case("unknown-previous-response", "POST", resp, _j({"input": "hi", "previous_response_id": "resp_x" * 50}),
-               404)
+               400)
     yield Case("delete-unknown-session", "DELETE", "/v1/sessions/" + "s" * 129, None, 400)
     yield Case("unknown-model", "GET", "/v1/models/%00%ff", None, 404)
     yield Case("wrong-method", "PUT", "/v1/sessions", b"{}", 405)
+    # found by the fuzzer: an input item whose `type` is not a string (was a 500: unhashable list)
+    yield Case("responses-item-type-list", "POST", resp, _j({"input": [{"type": [], "call_id": "c1"}]}), 400)
+    yield Case("responses-item-type-object", "POST", resp, _j({"input": [{"type": {"a": 1}}]}), 400)
+    # llama.cpp's /completion, as Continue's llama.cpp provider sends it
+    yield Case("completion-overflow", "POST", "/completion", b'{"prompt":"hi","temperature":1e400}', 400)
+    yield Case("completion-nan", "POST", "/completion", b'{"prompt":"hi","top_p":NaN}', 400)
+    yield Case("completion-deep-prompt", "POST", "/completion", ('{"prompt":' + DEEP_ARRAY + "}").encode(), 400)
+    yield Case("completion-bad-sampler", "POST", "/completion", _j({"prompt": "hi", "samplers": [{"a": 1}]}), 400)
+    yield Case("completion-unknown-field", "POST", "/completion", _j({"prompt": "hi", "n_tokens_wrong": 1}), 400)
 
 
 CASES: list[Case] = list(_cases())

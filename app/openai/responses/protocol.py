@@ -201,6 +201,8 @@ def items_to_messages(items: list[Any], where: str,
         if not isinstance(item, dict):
             raise invalid_value(at, f"'{at}' must be an object")
         kind = item.get("type", "message" if "role" in item else None)
+        if kind is not None and not isinstance(kind, str):
+            raise invalid_value(f"{at}.type", f"'{at}.type' must be a string")
         if kind == "message":
             message = _message(at, item)
             if message["role"] == "assistant" and reasoning:
