@@ -71,9 +71,11 @@ def test_a_cpu_without_avx_picks_the_scalar_tier_under_emulation():
         pytest.skip("no qemu-x86_64-static (Debian qemu-user-static: make system-packages)")
     make_check()
     out = subprocess.run(["qemu-x86_64-static", "-cpu", "Nehalem", str(CHECK_X86)], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, env={"ETSERVE_ISA": "avx2", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "kernel_check (scalar kernels)" in out.stdout and ", 0 failed" in out.stdout
+    # asked for a tier the CPU lacks: refused with a message naming it, and the best it has runs
+    assert "ETSERVE_ISA=avx2: this CPU or OS lacks it; using scalar" in out.stderr, out.stderr[-2000:]
 
 
 @pytest.mark.skipif(not X86, reason="x86-64 tiers")
