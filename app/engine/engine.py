@@ -172,6 +172,7 @@ class Engine:
         self.context_shift = context_shift  # at the end of the context: drop the older half and go on
         self.keep = keep  # tokens a shift keeps at the start; -1: the request's `keep`, else 0
         self._seq = itertools.count(1)
+        self.prefill_rate = 0.002  # seconds a prompt token takes to read, as measured (a moving average)
         self._gate = StepGate(policy)
         self._superseding: dict[str, tuple[CancelToken, list]] = {}  # key -> (cancel, [its slot])
         self.superseded = 0
@@ -280,7 +281,8 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(request.prompt))
         cancel = cancel or CancelToken()
         cancel.generations.append(stats)
-        claim = Claim(seq=next(self._seq), arrival=self._gate.clock())
+        claim = Claim(seq=next(self._seq), arrival=self._gate.clock(),
+                      size=len(request.prompt) * self.prefill_rate)  # until its cached part is known
         holder: list = []  # the slot this generation runs in, once it has one
         prefer = None
         key = cancel.supersede_key
@@ -339,6 +341,7 @@ class Engine:
                 if not failed and self.sessions.disk is not None:  # its state, on disk for later and restarts
                     self._with_step(slot, claim, None, self.sessions.persist_live, slot)
             finally:
+                self._gate.done(claim)  # a step kept for it goes to the others now
                 self._forget_key(cancel, holder)
                 self.slot_table.release(slot)
             for observe in self.observers:
@@ -408,6 +411,7 @@ class Engine:
         if pos is _CANCELLED:
             stats.finish_reason = "cancelled"
             return
+        claim.size = (len(prompt) - pos) * self.prefill_rate  # what is left to read, once the cache is known
         started = slot.started = time.perf_counter()
         stats.queued_ms = (started - arrived) * 1000
         stats.cached_tokens = slot.cached_tokens = slot.processed = pos
@@ -439,6 +443,7 @@ class Engine:
             if last:
                 event, rng = out
             per_token = (claim.service - served) / len(chunk)
+            self.prefill_rate += 0.2 * (per_token - self.prefill_rate)
             slot.tokens.extend(chunk)
             pos += len(chunk)
             update = progress()

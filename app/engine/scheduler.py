@@ -4,11 +4,13 @@ The engine runs one forward call at a time (a prefill chunk or a decode step). B
 calls, every sequence that wants the next one has a `Claim`, and `StepPolicy.pick` chooses
 among them. The policy is least-attained-service in levels, with a bound on waiting:
 
-- **Short before long.** A sequence's level grows with the compute it has received
-  (`service`, seconds of forward calls): level 0 below `quantum`, then one level per doubling.
-  The lowest level goes first, so a new request (an editor's infill, a short chat turn) gets
-  its prefill and first tokens ahead of a long prefill already under way, which waits at
-  most one of its own chunks.
+- **Short before long.** A sequence's level grows with its size: the compute it has received
+  (`service`, seconds of forward calls) or, when that is more, the compute its prompt is known
+  to need (`size`: its uncached prompt tokens at the measured prefill rate). Level 0 below
+  `quantum`, then one level per doubling. The lowest level goes first, so a new request (an
+  editor's infill, a short chat turn) gets its prefill and first tokens ahead of a long prompt
+  already under way, which waits at most one of its own chunks, however early in that prompt
+  the short one arrives.
 - **Turns.** Within a level, decoding sequences take turns (the one whose last step is
   oldest goes first), so every stream advances; sequences still reading their prompt go in
   arrival order, and so do equal requests.
@@ -31,6 +33,7 @@ class Claim:
     seq: int  # arrival number: unique, increasing
     arrival: float  # when the request arrived (clock seconds)
     service: float = 0.0  # seconds of forward calls it has had
+    size: float = 0.0  # seconds of compute its prompt is known to need (an estimate, from its length)
     last_run: float | None = None  # when its last step ended; None before its first
     decoding: bool = False  # its prompt is read: it now makes tokens
     waiting_since: float = 0.0  # when it asked for the step it waits for
@@ -54,7 +57,7 @@ class StepPolicy:
             turn = c.last_run if c.last_run is not None else c.arrival
         else:
             turn = c.arrival
-        return (self.level(c.service), turn, c.seq)
+        return (self.level(max(c.service, c.size)), turn, c.seq)
 
     def pick(self, claims: Iterable[Claim], now: float) -> Claim | None:
         claims = list(claims)

@@ -126,28 +126,54 @@ def test_nothing_starves_while_short_requests_arrive_back_to_back():
     assert max(b - a for a, b in zip(runs, runs[1:])) * 0.1 <= 3.0 + 0.2 + 1e-9
 
 
-def test_gate_hands_the_step_to_the_policys_pick_not_to_the_releaser():
+def _waiting_acquire(gate, claim, got):
+    t = threading.Thread(target=lambda: got.append((claim.seq, gate.acquire(claim))))
+    before = gate.waiting
+    t.start()
+    while gate.waiting != before + 1:
+        time.sleep(0.001)
+    return t
+
+
+def test_gate_goes_to_the_policys_pick_among_the_waiters_and_the_releaser():
     clock = Clock()
     gate = StepGate(StepPolicy(), clock)
     a, b = claim(1, arrival=0.0), claim(2, arrival=0.5)
-    assert gate.acquire(a)
     got = []
-    t = threading.Thread(target=lambda: got.append(gate.acquire(b)))
-    t.start()
-    while gate.waiting != 1:
-        time.sleep(0.001)
+    assert gate.acquire(a)
+    t = _waiting_acquire(gate, b, got)
     clock.t = 1.0
-    gate.release(a, 1.0)  # a has had a second of service; b none: b goes
+    gate.release(a, 1.0)  # a has had a second of service, b none: handed over to b
     t.join(5)
-    assert got == [True] and gate.holder is b and a.service == 1.0
-    # a asks again while b holds it: a waits, b's release hands it over
-    t = threading.Thread(target=lambda: got.append(gate.acquire(a)))
-    t.start()
-    while gate.waiting != 1:
-        time.sleep(0.001)
+    assert got == [(2, True)] and gate.holder is b and a.service == 1.0 and gate.handovers == 1
+    # a asks while b holds it; b releases after a short step: b (less service) is still the
+    # policy's pick, so the gate is kept for b, not handed to a
+    t = _waiting_acquire(gate, a, got)
+    clock.t = 1.1
     gate.release(b, 0.1)
+    assert gate.holder is None and gate.kept == 1 and gate.waiting == 1
+    assert gate.acquire(b) and gate.holder is b  # b's next step: at once, ahead of a
+    gate.release(b, 0.1)
+    gate.done(b)  # b has no more steps: what was kept for it goes to a now
     t.join(5)
-    assert got == [True, True] and gate.holder is a and gate.handovers == 2
+    assert got[-1] == (1, True) and gate.holder is a and gate.handovers == 2
+
+
+def test_a_kept_step_lapses_when_its_sequence_does_not_come_back():
+    """The releaser's client reads slowly: after the grace period, the waiters' pick goes."""
+    gate = StepGate(StepPolicy(), grace=0.05)
+    long = claim(1, arrival=0.0)
+    short = claim(2, arrival=0.0)
+    assert gate.acquire(long)
+    got = []
+    gate.release(long, 30.0)  # nobody waits: simply free
+    assert gate.acquire(short)
+    t = _waiting_acquire(gate, long, got)
+    started = time.monotonic()
+    gate.release(short, 0.01)  # kept for short (less service) ...
+    assert gate.kept == 1
+    t.join(5)  # ... which never asks again: long gets it once the grace is over
+    assert got == [(1, True)] and gate.holder is long and 0.04 < time.monotonic() - started < 1.0
 
 
 def test_a_dropped_waiter_leaves_at_once():
@@ -180,3 +206,16 @@ def test_prefill_steps_shrink_to_fit_the_step_time():
     assert engine._chunk_size(1.0) == 16  # never fewer than 16
     engine.prefill_step_s = 0
     assert engine._chunk_size(1.0) == 128
+
+
+def test_a_short_request_early_in_a_long_prompt_still_goes_first_by_size():
+    """The infill arrives 1 s into a 30-second prompt: by service alone the long one (1 s) would
+    be level with it; by the size its prompt is known to have, it waits."""
+    p = StepPolicy()
+    long = claim(1, arrival=0.0, service=1.0, waiting_since=1.0)
+    long.size = 30.0
+    short = claim(2, arrival=1.0, service=1.5, decoding=True, last_run=1.5, waiting_since=1.5)
+    short.size = 1.2
+    assert p.pick([long, short], now=1.6) is short
+    long.size = 0.0  # without it: the long one, with less service, would go
+    assert p.pick([long, short], now=1.6) is long
