@@ -54,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smol-dir", type=Path, default=models_root() / "smollm2-135m" / "ctx512-fp32-sdpa")
     p.add_argument("--smol-plain-dir", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", choices=("own", "peer"), default=None, help="one section only")
+    p.add_argument("--only", choices=("own", "peer", "sharing"), default=None,
+                   help="one section only (sharing: the shared-box rows alone)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the decode comparisons")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens each decode comparison generates")
     p.add_argument("--rounds", type=int, default=3, help="alternated repetitions of each short comparison")
@@ -140,17 +141,18 @@ def main(argv=None) -> None:
         rows += own.default_section(args, bandwidth, results)
         if not args.skip_smol:
             rows += own.smol_section(args, results)
-    if args.only in (None, "peer"):
+    if args.only in (None, "peer", "sharing"):
         missing = versus.peer_ready(build=not args.no_peer_build)
         if missing:
             rows += versus.rows_not_run(missing)
         elif not (args.model_dir / "model.pte").is_file():
             rows += versus.rows_not_run(f"{args.model_dir} not built")
         else:
-            rows += versus.peer_section(args, results)
+            if args.only != "sharing":
+                rows += versus.peer_section(args, results)
             if not args.skip_sharing:
                 rows += sharing.sharing_rows(args, results)
-        if not args.skip_agents:
+        if not args.skip_agents and args.only != "sharing":
             rows += agents.agent_rows(args, results)
     load_end = load_average()
     minutes = (time.monotonic() - started) / 60
