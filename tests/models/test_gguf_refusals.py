@@ -1,0 +1,80 @@
+"""A GGUF we cannot build is refused by name, from its header, in seconds (issue 36).
+
+The files are tiny synthetic GGUFs written with the ``gguf`` package: an architecture we have no
+family for, and a gemma3 file holding a tensor in a type we do not dequantize.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from app.models.arch import UnsupportedGGUF, check_gguf  # noqa: E402
+
+
+def _write(path, arch: str, tensors: dict) -> None:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    for name, (data, raw_dtype) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _refusal(path) -> str:
+    started = time.monotonic()
+    with pytest.raises(UnsupportedGGUF) as info:
+        check_gguf(path)
+    assert time.monotonic() - started < 5
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    path = tmp_path / "mamba.gguf"
+    _write(path, "mamba", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    message = _refusal(path)
+    assert "unsupported GGUF architecture 'mamba'" in message
+    assert "gemma3" in message and "llama" in message  # what is supported
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    path = tmp_path / "iq.gguf"
+    qt = gguf.GGMLQuantizationType.IQ2_XXS
+    block, type_size = gguf.GGML_QUANT_SIZES[qt]
+    rows, cols = 4, block  # one block per row
+    raw = np.zeros((rows, type_size), np.uint8)  # a byte tensor shaped as the quantized rows
+    _write(path, "gemma3", {
+        "token_embd.weight": (np.zeros((8, 32), np.float32), None),
+        "blk.0.attn_q.weight": (raw, qt),
+    })
+    message = _refusal(path)
+    assert "unsupported GGUF tensor type IQ2_XXS" in message
+    assert "blk.0.attn_q.weight" in message
+
+
+def test_supported_file_passes(tmp_path):
+    path = tmp_path / "llama.gguf"
+    _write(path, "llama", {
+        "token_embd.weight": (np.zeros((8, 32), np.float32), None),
+        "blk.0.attn_q.weight": (np.zeros((32, 32), np.float16), None),
+    })
+    assert check_gguf(path) == "llama"
+
+
+def test_gemma3_context_beyond_the_window_is_refused():
+    """Our custom_sdpa has no sliding window yet: a gemma3 build is exact up to the window only."""
+    from app.models.arch import gemma3
+
+    md = {"general.architecture": "gemma3", "gemma3.block_count": 18, "gemma3.attention.sliding_window": 512}
+    assert gemma3.layer_types(md).count(gemma3.GLOBAL) == 3  # layers 5, 11, 17
+    gemma3.check_context(md, 512)
+    with pytest.raises(ValueError, match="window 512"):
+        gemma3.check_context(md, 1024)
