@@ -78,3 +78,21 @@ def test_gemma3_context_beyond_the_window_is_refused():
     gemma3.check_context(md, 512)
     with pytest.raises(ValueError, match="window 512"):
         gemma3.check_context(md, 1024)
+
+
+def test_build_gguf_refuses_before_any_heavy_work(tmp_path):
+    """`python -m app.models build-gguf FILE` (what `etserve --model FILE.gguf` runs): one line, exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "mamba.gguf"
+    _write(path, "mamba", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "app.models", "build-gguf", str(path)], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert time.monotonic() - started < 30  # interpreter start and imports; no torch
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "build-gguf: mamba.gguf: unsupported GGUF architecture 'mamba' " \
+                                  "(supported: llama, qwen2, gemma3)"
+    assert proc.stdout == ""
