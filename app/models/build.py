@@ -83,8 +83,8 @@ def build(
 
             from .arch import check_gguf, family
 
+            check_gguf(gguf_path)  # unsupported architecture or tensor type: refused by name, now
             reader = open_gguf(gguf_path)
-            check_gguf(gguf_path, reader)  # unsupported architecture or tensor type: refused by name, now
             md = read_metadata(reader)
             fam = family(spec.architecture)
             if fam is not None:

@@ -31,8 +31,8 @@ def file_spec(path: Path, reader=None) -> ModelSpec:
     from .gguf_meta import arch_value, open_gguf
 
     path = Path(path).expanduser().resolve()
+    arch = check_gguf(path)  # before anything slow
     reader = reader if reader is not None else open_gguf(path)
-    arch = check_gguf(path, reader)
     md = {k: f.contents() for k, f in reader.fields.items()
           if not k.startswith("GGUF.") and k not in ("tokenizer.ggml.merges", "tokenizer.ggml.scores")}
     tokens: list[str] = md.get("tokenizer.ggml.tokens") or []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Optional
+from typing import Optional
 
 # GGUF general.architecture -> the module of its family (None: checkpoint.py's plain llama path).
 ARCHITECTURES = ("llama", "qwen2", "gemma3")
@@ -34,19 +34,28 @@ def family(architecture: str) -> Optional[ModuleType]:
     return None
 
 
-def check_gguf(path: Path, reader: Any = None) -> str:
-    """The GGUF's architecture, or ``UnsupportedGGUF`` naming what we do not support."""
+def _type_name(type_id: int) -> str:
     import gguf
 
-    reader = reader if reader is not None else gguf.GGUFReader(str(path))
-    field = reader.fields.get("general.architecture")
-    arch = field.contents() if field is not None else None
+    try:
+        return gguf.GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"type {type_id}"
+
+
+def check_gguf(path: Path) -> str:
+    """The GGUF's architecture, or ``UnsupportedGGUF`` naming what we do not support
+    (from the header only: app/models/gguf_header.py, milliseconds)."""
+    from ..gguf_header import read_header
+
+    header = read_header(Path(path))
+    arch = header.metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedGGUF(f"{Path(path).name}: unsupported GGUF architecture {arch!r} "
                               f"(supported: {', '.join(ARCHITECTURES)})")
     bad: dict[str, list[str]] = {}
-    for t in reader.tensors:
-        name = t.tensor_type.name
+    for t in header.tensors:
+        name = _type_name(t.type_id)
         if name not in TENSOR_TYPES:
             bad.setdefault(name, []).append(t.name)
     if bad:
@@ -55,5 +64,5 @@ def check_gguf(path: Path, reader: Any = None) -> str:
                               f"(supported: {', '.join(TENSOR_TYPES)})")
     fam = family(arch)
     if fam is not None:
-        fam.check(reader)
+        fam.check(header.metadata)
     return arch

@@ -46,15 +46,10 @@ LOCAL_ROPE_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
 
-def _md(reader) -> dict[str, Any]:
-    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-
-
-def check(reader) -> None:
-    """Refuse gemma3 files this module does not map (one line each)."""
+def check(md: dict[str, Any]) -> None:
+    """Refuse gemma3 files this module does not map (one line each; ``md``: the header's scalars)."""
     from . import UnsupportedGGUF
 
-    md = _md(reader)
     kl, vl = arch_value(md, "attention.key_length"), arch_value(md, "attention.value_length")
     if kl is None or kl != vl:
         raise UnsupportedGGUF(f"gemma3: key_length {kl} != value_length {vl}")
