@@ -87,8 +87,6 @@ def build(
             reader = open_gguf(gguf_path)
             md = read_metadata(reader)
             fam = family(spec.architecture)
-            if fam is not None:
-                fam.check_context(md, options.max_seq_len)
             tok_cfg = write_tokenizer_files(md, spec, tmp, options.max_seq_len)
 
         with stages.stage("dequantizing weights to a checkpoint"):

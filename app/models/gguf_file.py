@@ -48,8 +48,6 @@ def file_spec(path: Path, reader=None) -> ModelSpec:
     quantized = n_params > FP32_MAX_PARAMS
     ctx = int(arch_value(md, "context_length", DEFAULT_MAX_SEQ_LEN))
     max_seq_len = min(ctx, DEFAULT_MAX_SEQ_LEN)
-    if arch == "gemma3" and arch_value(md, "attention.sliding_window"):
-        max_seq_len = min(max_seq_len, int(arch_value(md, "attention.sliding_window")))  # arch/gemma3.py
     name = _slug(md.get("general.name") or md.get("general.basename") or path.stem)
     if name in MODELS and MODELS[name].gguf_files != (str(path),):
         name += "-gguf"

@@ -119,8 +119,9 @@ MODELS: dict[str, ModelSpec] = {
         gguf_files=tuple(f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
         default_quantize="none",
         default_embedding_quantize="none",
-        # the sliding window (512): our custom_sdpa has no window yet (app/models/arch/gemma3.py)
-        default_max_seq_len=512,
+        # beyond the sliding window (512), so that the window masks are built and tested
+        # (app/models/arch/gemma3.py); --max-seq-len N for more (the same masks, up to 32k)
+        default_max_seq_len=1024,
         default_kv_cache="fp32",
         group_size=32,
         eos_token_ids=(1, 106),  # <eos>, <end_of_turn>

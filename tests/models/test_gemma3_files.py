@@ -80,6 +80,6 @@ def test_file_spec_matches_the_registry(built):
     spec, path, *_ = built
     derived = file_spec(path)
     for field in ("architecture", "eos_token_ids", "bos_token_id", "pad_token_id", "use_hf_rope", "tied_output",
-                  "split_digits", "default_max_seq_len", "default_quantize"):
+                  "split_digits", "default_quantize"):
         assert getattr(derived, field) == getattr(spec, field), field
     assert derived.name == "gemma-3-270m"

@@ -69,15 +69,21 @@ def test_supported_file_passes(tmp_path):
     assert check_gguf(path) == "llama"
 
 
-def test_gemma3_context_beyond_the_window_is_refused():
-    """Our custom_sdpa has no sliding window yet: a gemma3 build is exact up to the window only."""
+def test_gemma3_layer_pattern_and_window_mask():
+    """Layers 5, 11, 17 global; a sliding layer's mask row for query q lets keys q-511..q through."""
+    import math
+
     from app.models.arch import gemma3
 
-    md = {"general.architecture": "gemma3", "gemma3.block_count": 18, "gemma3.attention.sliding_window": 512}
-    assert gemma3.layer_types(md).count(gemma3.GLOBAL) == 3  # layers 5, 11, 17
-    gemma3.check_context(md, 512)
-    with pytest.raises(ValueError, match="window 512"):
-        gemma3.check_context(md, 1024)
+    md = {"general.architecture": "gemma3", "gemma3.block_count": 18}
+    types = gemma3.layer_types(md)
+    assert [i for i, t in enumerate(types) if t == gemma3.GLOBAL] == [5, 11, 17]
+    rows = gemma3._WindowMask(512, 1024).narrow(0, 600, 2)
+    assert tuple(rows.shape) == (2, 1024)
+    for r, q in enumerate((600, 601)):
+        visible = [k for k in range(1024) if rows[r, k].item() == 0.0]
+        assert visible == list(range(q - 511, q + 1))
+        assert all(math.isinf(rows[r, k].item()) for k in range(1024) if k not in visible)
 
 
 def test_build_gguf_refuses_before_any_heavy_work(tmp_path):

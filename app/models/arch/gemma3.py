@@ -23,8 +23,10 @@ What the GGUF says and where it goes (the 270M's values in brackets):
   by global and local tables side by side; each block takes its half.
 - Layer pattern: every 6th layer global, the others sliding-window with ``attention.sliding_window``
   [512] (llama.cpp's fixed gemma3 pattern; ``attention.sliding_window_pattern`` when present).
-  Our ``llama::custom_sdpa`` has no window yet, so builds are limited to a context of at most the
-  window, where a window of W positions (distance < W) is every position anyway.
+  ``llama::custom_sdpa`` has no window argument: in a build whose context exceeds the window, the
+  sliding layers give it an additive window mask instead (``_WindowMask``; our kernels support the
+  mask path), at the cost of attending over the whole cache, masked. Up to the window (a window of
+  W positions: distance < W) every layer is global and no mask is made.
 """
 
 from __future__ import annotations
@@ -86,12 +88,32 @@ def update_params(md: dict[str, Any], params: dict[str, Any]) -> None:
     })
 
 
-def check_context(md: dict[str, Any], max_seq_len: int) -> None:
-    """Without a window in ``llama::custom_sdpa`` a build is exact only up to the window."""
-    window = arch_value(md, "attention.sliding_window")
-    if window and max_seq_len > int(window) and SLIDING in layer_types(md):
-        raise ValueError(f"gemma3: sliding-window layers (window {window}) need a windowed custom_sdpa, "
-                         f"which our kernels do not have yet: build with --max-seq-len {window} or less")
+class _WindowMask:
+    """``attention.mask`` of a sliding-window layer in a build whose context exceeds the window.
+
+    ``AttentionMHA.forward`` narrows its mask to the rows of the positions it computes; this
+    object makes those rows instead of holding a context x context buffer: an additive float mask
+    ``[rows, context]``, 0 where ``0 <= q - k < window`` (Gemma's sliding window: ``window``
+    positions including the query's own), -inf elsewhere. With it the custom SDPA op takes the
+    mask path (``use_attention_mask``: attends over the whole cache, masked), which our kernels
+    (native/src/llm_kernels.cpp) support; the KV cache keeps every position.
+    """
+
+    def __init__(self, window: int, context: int):
+        self.window, self.context = window, context
+
+    def narrow(self, dim: int, start, length):
+        import torch
+
+        q = torch.arange(length, dtype=torch.int64) + start
+        d = q.unsqueeze(1) - torch.arange(self.context, dtype=torch.int64).unsqueeze(0)
+        allowed = (d >= 0) & (d < self.window)
+        return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(allowed.logical_not(), float("-inf"))
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):  # no KV cache: mask[:seqlen, :seqlen]
+            return self.narrow(0, 0, self.context)[index]
+        return self.narrow(0, index[0], index.shape[0])  # static shapes: the rows of input_pos
 
 
 def fold(sd: dict, params: dict[str, Any]) -> None:
@@ -114,8 +136,9 @@ def _block_class():
         ``h = x + post_attn_norm(attn(attn_norm(x)))``, ``out = h + post_ffn_norm(ffn(ffn_norm(h)))``
         with a GELU-tanh gated FFN, and this layer's half of the side-by-side rope tables."""
 
-        def __init__(self, block, args, local: bool):
+        def __init__(self, block, args, local: bool, windowed: bool = False):
             super().__init__()
+            self.windowed = windowed  # a local layer in a context longer than its window
             self.attention = block.attention
             self.attention_norm = block.attention_norm
             self.feed_forward = block.feed_forward
@@ -124,7 +147,20 @@ def _block_class():
             self.post_ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
             self.local = local
 
+        def use_window_mask(self) -> None:
+            """The exporter swaps the SDPA modules after construction (custom op, ``use_attention_mask``
+            False): make this layer's take the mask it is given."""
+            sdpa = getattr(self.attention, "SDPA", None)
+            if sdpa is None or type(sdpa).__name__ == "SDPA":  # ExecuTorch's own: uses the mask as given
+                return
+            if not hasattr(sdpa, "use_attention_mask"):
+                raise ValueError(f"gemma3: {type(sdpa).__name__} cannot take a sliding-window mask")
+            if not sdpa.use_attention_mask:
+                sdpa.use_attention_mask = True
+
         def forward(self, x, freqs_cos, freqs_sin, attn_options):
+            if self.windowed:
+                self.use_window_mask()  # set before tracing by transforming(); here for other callers
             half = freqs_cos.shape[-1] // 2
             if self.local:
                 cos, sin = freqs_cos[..., half:], freqs_sin[..., half:]
@@ -156,25 +192,43 @@ def apply(model, args) -> None:
     rope.register_buffer("freqs_cos", torch.cat([rope.freqs_cos, local_cos], dim=-1), persistent=False)
     rope.register_buffer("freqs_sin", torch.cat([rope.freqs_sin, local_sin], dim=-1), persistent=False)
     Gemma3Block = _block_class()
+    window = args.sliding_window
     for i, block in enumerate(model.layers):
-        model.layers[i] = Gemma3Block(block, args, local=types[i] == SLIDING)
+        local = types[i] == SLIDING
+        windowed = local and bool(window) and args.max_context_len > window
+        if windowed:
+            attention = block.attention
+            attention._buffers.pop("mask", None)  # ExecuTorch's causal mask buffer, if it has one
+            object.__setattr__(attention, "mask", _WindowMask(window, args.max_context_len))
+        model.layers[i] = Gemma3Block(block, args, local=local, windowed=windowed)
 
 
 @contextlib.contextmanager
 def transforming() -> Iterator[None]:
     """While active, the exporter's llama model is built as Gemma 3 (``apply`` after
     ``construct_transformer``, before the checkpoint is loaded into it)."""
+    from executorch.examples.models.llama import export_llama_lib as lib
     from executorch.examples.models.llama import model as llama_model
 
     original = llama_model.construct_transformer
+    original_prepare = lib._prepare_for_llama_export
 
     def construct(model_args):
         model = original(model_args)
         apply(model, model_args)
         return model
 
+    def prepare(*args, **kwargs):  # after the source transforms: windowed layers take their masks
+        manager = original_prepare(*args, **kwargs)
+        for module in manager.model.modules():
+            if getattr(module, "windowed", False):
+                module.use_window_mask()
+        return manager
+
     llama_model.construct_transformer = construct
+    lib._prepare_for_llama_export = prepare
     try:
         yield
     finally:
         llama_model.construct_transformer = original
+        lib._prepare_for_llama_export = original_prepare
