@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--verbose", action="store_true", help="show the exporter's output")
     b.add_argument("--no-quant-cache", dest="quant_cache", action="store_false",
                    help="recompute the HQQ quantization even if a build at another context length cached it")
-    g = sub.add_parser("build-gguf", help="build any supported GGUF file (cached by its checksum); prints the directory")
+    g = sub.add_parser("build-gguf",
+                       help="build any supported GGUF file (cached by its checksum); prints the directory")
     g.add_argument("file", help="a .gguf file (llama, qwen2 or gemma3 architecture)")
     g.add_argument("--max-seq-len", type=int, default=None, help="context length (default from the file)")
     g.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
