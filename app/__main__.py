@@ -31,6 +31,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _build_gguf(path: str) -> str:
+    """``--model FILE.gguf``: build it (cached by the file's checksum; progress on stderr) and
+    return the model directory. Needs the build extras (torch, executorch, gguf)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "app.models", "build-gguf", path], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(proc.returncode)
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     env = dict(os.environ)
@@ -38,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         value = getattr(args, s.name)
         if value is not None:
             env[s.env] = str(value)
+    model = env.get("ETSERVE_MODEL", "")
+    if model.endswith(".gguf") and not env.get("ETSERVE_MODEL_PATH"):
+        env["ETSERVE_MODEL_PATH"] = _build_gguf(model)
     os.execve(sys.executable, [sys.executable, "-m", "gunicorn", "-c", CONFIG], env)
 
 

@@ -23,7 +23,8 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("model", "ETSERVE_MODEL", "--model", "qwen2.5-coder-0.5b",
-            "name of a model this project builds (python -m app.models list)"),
+            "name of a model this project builds (python -m app.models list), or a .gguf file "
+            "(etserve builds it once, cached by its checksum, then serves it)"),
     Setting("model_path", "ETSERVE_MODEL_PATH", "--model-path", "",
             "a built model directory, or a .pte file with tokenizer files beside it (overrides --model)"),
     Setting("model_id", "ETSERVE_MODEL_ID", "--model-id", "",

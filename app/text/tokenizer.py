@@ -37,6 +37,29 @@ def _is_byte_level(decoder: dict[str, Any] | None) -> bool:
     return any(_is_byte_level(d) for d in decoder.get("decoders", []))
 
 
+def _is_byte_fallback(decoder: dict[str, Any] | None) -> bool:
+    """SentencePiece BPE with byte fallback (Gemma): "▁" is a space, ``<0xNN>`` pieces are bytes."""
+    if not decoder:
+        return False
+    if decoder.get("type") == "ByteFallback":
+        return True
+    return any(_is_byte_fallback(d) for d in decoder.get("decoders", []))
+
+
+_SPM_SPACE = "\u2581"
+
+
+def _spm_piece_bytes(piece: str) -> bytes:
+    """One SentencePiece vocab piece as the decoder emits it (no leading-space strip: the
+    byte-fallback tokenizers we build add no space prefix)."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    return piece.replace(_SPM_SPACE, " ").encode("utf-8")
+
+
 def _piece_bytes(piece: str, table: dict[str, int]) -> bytes:
     """Reverse byte-level BPE for one vocab piece (as the HF ByteLevel decoder does)."""
     try:
@@ -46,13 +69,15 @@ def _piece_bytes(piece: str, table: dict[str, int]) -> bytes:
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer with the metadata the server needs."""
+    """Byte-level BPE (or SentencePiece byte-fallback BPE) tokenizer with the metadata the server needs."""
 
     def __init__(self, tokenizer_json: str, config: dict[str, Any] | None = None) -> None:
         config = config or {}
         spec = json.loads(tokenizer_json)
-        if not _is_byte_level(spec.get("decoder")):
-            raise ValueError("unsupported tokenizer: only byte-level BPE decoders are supported")
+        byte_level = _is_byte_level(spec.get("decoder"))
+        if not byte_level and not _is_byte_fallback(spec.get("decoder")):
+            raise ValueError("unsupported tokenizer: only byte-level BPE and byte-fallback (SentencePiece) "
+                             "decoders are supported")
         self._tok = _HFTokenizer.from_str(tokenizer_json)
         # Text read as text (special tokens split as characters): an instance of its own, so no
         # flag is flipped on the shared one while another thread encodes with it.
@@ -85,7 +110,7 @@ class Tokenizer:
         table = byte_decoder()
         pieces: list[bytes] = [b""] * self.vocab_size
         for piece, i in vocab.items():
-            pieces[i] = _piece_bytes(piece, table)
+            pieces[i] = _piece_bytes(piece, table) if byte_level else _spm_piece_bytes(piece)
         for i, content in added_content.items():
             if 0 <= i < self.vocab_size:
                 pieces[i] = content.encode("utf-8")
