@@ -41,7 +41,7 @@ help:
 # own dependencies. --no-compile: pip would byte-compile every module of every package (torch
 # alone: 21 s instead of 7); Python compiles the ones it imports, once, when it imports them.
 PIP_INSTALL := $(PIP) install --quiet --no-compile
-$(VENV)/.installed-build: setup.cfg pyproject.toml
+$(VENV)/.installed-build: setup.cfg pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) torch==2.13.0
