@@ -56,7 +56,7 @@ def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list
 
 def _build_spm_tokenizer(md: dict[str, Any]):
     """SentencePiece BPE with byte fallback (Gemma): spaces become "▁", no pre-tokenizer regex."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokens: list[str] = md["tokenizer.ggml.tokens"]
     types: list[int] = md["tokenizer.ggml.token_type"]
@@ -73,6 +73,13 @@ def _build_spm_tokenizer(md: dict[str, Any]):
         tok.normalizer = normalizers.Replace(" ", SPM_SPACE)
     tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     tok.decoder = decoders.Sequence([decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    return _with_added_tokens(tok, tokens, types)
+
+
+def _with_added_tokens(tok, tokens: list[str], types: list[int]):
+    """The vocabulary's control tokens as special tokens, its user-defined ones as added tokens."""
+    from tokenizers import AddedToken
+
     added = [
         AddedToken(t, special=(ty == TOKEN_CONTROL), normalized=False)
         for t, ty in zip(tokens, types)
@@ -85,7 +92,7 @@ def _build_spm_tokenizer(md: dict[str, Any]):
 
 def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
     """A ``tokenizers.Tokenizer`` replicating the model's original Hugging Face tokenizer."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     model = md.get("tokenizer.ggml.model")
     if model == "llama" and "tokenizer.ggml.merges" not in md:
@@ -116,14 +123,7 @@ def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
         raise ValueError(f"unsupported pre-tokenizer {md.get('tokenizer.ggml.pre')!r}")
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.decoder = decoders.ByteLevel()
-    added = [
-        AddedToken(t, special=(ty == TOKEN_CONTROL), normalized=False)
-        for t, ty in zip(tokens, types)
-        if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-    ]
-    tok.add_special_tokens([a for a in added if a.special])
-    tok.add_tokens([a for a in added if not a.special])
-    return tok
+    return _with_added_tokens(tok, tokens, types)
 
 
 def tokenizer_config(md: dict[str, Any], spec: ModelSpec, max_seq_len: int) -> dict[str, Any]:
