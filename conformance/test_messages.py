@@ -121,8 +121,8 @@ def test_forced_tool_use(anthropic_client, model):
 def test_errors_are_anthropic_shaped(anthropic_client, root, model, types):
     anthropic = pytest.importorskip("anthropic")
     for body in ({"model": model, "messages": HELLO},  # max_tokens is required
-                 {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": [
-                     {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}]}]}):
+                 {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": [  # no such block
+                     {"type": "hologram", "source": {"type": "base64", "data": "AA"}}]}]}):
         r = raw(root, body)
         assert r.status_code == 400, r.text
         err = types.shared.ErrorResponse.model_validate(r.json())

@@ -18,7 +18,8 @@ from .test_sse_keepalive import INTERVAL, Occupier
 
 @pytest.fixture(scope="module")
 def ka_server(make_server):
-    return make_server({"ETSERVE_SSE_KEEPALIVE": str(INTERVAL), "ETSERVE_PREFILL_CHUNK": "16"})
+    # one slot: a request waits behind the Occupier
+    return make_server({"ETSERVE_SSE_KEEPALIVE": str(INTERVAL), "ETSERVE_PREFILL_CHUNK": "16", "ETSERVE_PARALLEL": "1"})
 
 
 def events(srv, path: str, body: dict) -> list[tuple[str, str]]:

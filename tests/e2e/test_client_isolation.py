@@ -29,7 +29,7 @@ def test_each_key_is_a_client(keyed):
     assert requests.delete(f"{url}/v1/responses/{rid}", headers=_h(B), timeout=10).status_code == 404
     r = requests.post(url + "/v1/responses", headers=_h(B), timeout=120,
                       json={"input": "and?", "previous_response_id": rid, "max_output_tokens": 2})
-    assert r.status_code == 404, r.text
+    assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found", r.text  # OpenAI's
     # Alice's conversation goes on
     r = requests.post(url + "/v1/responses", headers=_h(A), timeout=120,
                       json={"input": "and?", "previous_response_id": rid, "max_output_tokens": 2})
