@@ -39,9 +39,11 @@ def broken_model_dir(tmp_path, model_dir) -> Path:
     return broken
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def make_server(model_dir):
-    """Start another server with extra ETSERVE_* settings; stopped at the end of the session."""
+    """Start another server with extra ETSERVE_* settings; stopped at the end of the test module
+    (each holds a model: kept for the whole session, the servers of every module added up to more
+    memory than the machine has)."""
     started = []
 
     def start(extra_env: dict[str, str], status: str = "ok") -> Server:

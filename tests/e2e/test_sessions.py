@@ -52,8 +52,9 @@ def test_turn_two_after_another_session_reports_turn_one_as_cached(server):
     listing = sessions(server)
     entries = {s["id"]: s for s in listing["data"]}
     assert listing["enabled"] is True and listing["max_bytes"] == 512 * 2**20
-    assert entries[b]["bytes"] > 0 and entries[b]["tokens"] > 0 and not entries[b]["live"]
-    assert entries[a]["live"] and entries[a]["object"] == "session"
+    # each conversation kept its own sequence slot: b's state was never copied aside
+    assert entries[b]["tokens"] > 0 and entries[b]["live"] and entries[a]["live"]
+    assert entries[a]["slot"] != entries[b]["slot"] and entries[a]["object"] == "session"
     assert listing["used_bytes"] == sum(s["bytes"] for s in listing["data"])
 
 

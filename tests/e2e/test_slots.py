@@ -117,6 +117,7 @@ def test_concurrent_mixed_requests_give_their_output_alone(make_server, qwen_dir
     assert most_busy >= 3, "the requests never ran side by side"
     assert steps_handed_over(srv) - before >= 10  # their steps interleaved
     assert together == alone
+    srv.stop()  # a Qwen server with 20 slots: not kept for the rest of the module
 
 
 def test_a_short_request_during_a_long_prompt_is_served_first(make_server, model_dir):
