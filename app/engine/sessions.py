@@ -722,14 +722,13 @@ class KvSessions:
     def entries(self, slots=()) -> list[dict]:
         """Saved sessions, most recent first; those a slot holds marked live (with the slot),
         and listed even if their state was never saved."""
-        held = {s.owner: s for s in slots if s.owner is not None}
+        # the sessions slots hold, most recently used first
+        held = {s.owner: s for s in sorted(slots, key=lambda s: s.last_used, reverse=True) if s.owner is not None}
+        live = [{"id": owner, "tokens": len(slot.tokens), "bytes": 0, "live": True, "slot": slot.index}
+                for owner, slot in held.items() if owner not in self.cache]
         out = []
         for e in self.cache.entries():
             slot = held.get(e.id)
             out.append({"id": e.id, "tokens": e.tokens, "bytes": e.bytes, "live": slot is not None,
                         "slot": slot.index if slot is not None else None})
-        for owner, slot in held.items():
-            if owner not in self.cache:
-                out.insert(0, {"id": owner, "tokens": len(slot.tokens), "bytes": 0, "live": True,
-                               "slot": slot.index})
-        return out
+        return live + out
