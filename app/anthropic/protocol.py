@@ -10,6 +10,7 @@ assistant turn's `reasoning_content`. Custom tools become OpenAI function tools;
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass

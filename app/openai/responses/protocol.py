@@ -8,6 +8,7 @@ content, assistant `tool_calls` with arguments as an object, tool messages with
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
