@@ -57,6 +57,7 @@ class _Info(ctypes.Structure):
         ("dynamic_shape", ctypes.c_int32),
         ("positions_are_vector", ctypes.c_int32),
         ("logits_dtype", ctypes.c_int32),
+        ("max_rows", ctypes.c_int64),
     ]
 
 
@@ -90,6 +91,7 @@ class ModelInfo:
     bos_id: int | None
     eos_ids: tuple[int, ...]
     dynamic_shape: bool
+    max_rows: int = 0  # a rows build: most rows one forward_rows call takes (0: not a rows build)
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,9 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "ets_model_get_info": (ctypes.c_int, [p_model, ctypes.POINTER(_Info)]),
         "ets_forward": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64]),
         "ets_get_logits": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
+        "ets_forward_rows": (ctypes.c_int, [p_model, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64),
+                                            ctypes.POINTER(ctypes.c_int32), ctypes.c_int64]),
+        "ets_use_row": (ctypes.c_int, [p_model, ctypes.c_int64]),
         "ets_forward_calls": (ctypes.c_int64, [p_model]),
         "ets_forward_tokens": (ctypes.c_int64, [p_model]),
         "ets_model_memory": (ctypes.c_int, [p_model] + [ctypes.POINTER(ctypes.c_int64)] * 3),
@@ -241,6 +246,7 @@ class NativeModel:
             bos_id=raw.bos_id if raw.bos_id >= 0 else None,
             eos_ids=tuple(raw.eos_ids[i] for i in range(raw.n_eos)),
             dynamic_shape=bool(raw.dynamic_shape),
+            max_rows=raw.max_rows,
         )
         self._token = ctypes.c_int32()
         self._logprob = ctypes.c_float()
@@ -266,6 +272,17 @@ class NativeModel:
         """Run tokens at positions start_pos.. and keep the last position's logits."""
         buf = (ctypes.c_int64 * len(tokens))(*tokens)
         self._check(self._lib.ets_forward(self._handle, buf, len(tokens), start_pos))
+
+    def forward_rows(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> None:
+        """A rows build: token r at position positions[r] of slot slots[r], logits kept for every row
+        (use_row picks the one sample/top_logprobs/logits read). Rows of one slot at consecutive
+        positions, next to each other, attend causally within themselves (a draft to verify)."""
+        n = len(tokens)
+        self._check(self._lib.ets_forward_rows(self._handle, (ctypes.c_int64 * n)(*tokens),
+                                               (ctypes.c_int64 * n)(*positions), (ctypes.c_int32 * n)(*slots), n))
+
+    def use_row(self, row: int) -> None:
+        self._check(self._lib.ets_use_row(self._handle, row))
 
     def logits(self) -> array:
         out = array("f", bytes(4 * self.info.vocab_size))

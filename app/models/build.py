@@ -119,7 +119,8 @@ def build(
         with (fam.transforming() if fam is not None else contextlib.nullcontext()):
             pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
                                     verbose=verbose, output_8bit=options.output_quantize == "8bit",
-                                    native_linears=options.linear_kernel == "etserve")
+                                    native_linears=options.linear_kernel == "etserve",
+                                    logit_rows=options.logit_rows)
         export_seconds = sum(r.seconds for r in stages.records[export_started:])
 
         with stages.stage("writing manifest"):
@@ -135,6 +136,7 @@ def build(
                 "kv_cache": options.kv_cache,
                 "output_quantize": options.output_quantize,
                 "linear_kernel": options.linear_kernel,
+                "logit_rows": options.logit_rows,
                 "kv_smoothing": kv_smoothing.summary(smoothing) if smoothing else None,
                 "prefill_max_tokens": min(options.max_seq_len, PREFILL_MAX_TOKENS + 1) - 1,
                 "variant": options.variant,

@@ -30,6 +30,7 @@ class _NoMask:
 
 
 _NO_MASK = _NoMask()
+_ROWS = [False]  # inside row_positions(): the attention gets the first row's position only
 
 
 def _register_attention() -> None:
@@ -74,6 +75,64 @@ def _register_attention() -> None:
                     n_rep=self.n_rep,
                     max_context_len=n,
                 )
+
+        def forward(self, x, freqs_cos, freqs_sin, **kwargs):
+            # A rows build: the rotary rows are already each token's own (row_positions); the
+            # cache update and the SDPA take their start from input_pos[0] and our kernels each
+            # row's slot and position from the runtime's row table. ``input_pos[-1].item()``
+            # (AttentionMHA's bounds check) cannot be traced over a dynamic size: hand the layer
+            # the first position alone, a tensor of static size 1.
+            input_pos = kwargs.get("input_pos")
+            if _ROWS[0] and input_pos is not None and self.use_kv_cache:
+                kwargs = dict(kwargs, input_pos=input_pos.narrow(0, 0, 1))
+            return super().forward(x, freqs_cos, freqs_sin, **kwargs)
+
+
+@contextlib.contextmanager
+def row_positions() -> Iterator[None]:
+    """While active, the llama ``Rope`` takes the rotary rows of each position in ``input_pos``
+    (``index_select``) instead of ``narrow``-ing ``seq_len`` rows from ``input_pos[-1]``.
+
+    With it, a rows build's forward takes one cache position per token (``input_pos`` [S]), so
+    one call can carry tokens at unrelated positions: decode steps of several sequences (each in
+    its own KV slot, which our kernels take from the row table the runtime sets for the call,
+    native/src/kv_rows.h) and a speculative draft's tokens. For consecutive positions the rows
+    are the same as ``narrow``'s, so a prefill chunk computes what it did.
+    """
+    from executorch.examples.models.llama.rope import Rope
+
+    original = Rope.get_freqs
+
+    def get_freqs(self, input_pos, seq_len):
+        if not (self.params.use_kv_cache and self.params.enable_dynamic_shape):
+            return original(self, input_pos, seq_len)
+        return self.freqs_cos.index_select(0, input_pos), self.freqs_sin.index_select(0, input_pos)
+
+    Rope.get_freqs = get_freqs
+    _ROWS[0] = True
+    try:
+        yield
+    finally:
+        Rope.get_freqs = original
+        _ROWS[0] = False
+
+
+def rows_example_inputs(manager, logit_rows: int) -> None:
+    """Give ``manager`` (an ``LLMEdgeManager``) the inputs of a rows build: tokens [1, S], their
+    cache positions [S] (the token dimension's own size) and ``last_valid_token_pos`` [R], the
+    rows whose logits the call returns (1 <= R <= ``logit_rows``): [S - 1] for a prefill chunk,
+    every row for decode steps and drafts. ``Transformer.forward`` indexes its last hidden states
+    with it, so the output projection runs on those rows only."""
+    import torch
+
+    token_dim = manager.dynamic_shapes[0][1]
+    rows = torch.export.Dim("logit_rows", min=1, max=logit_rows)
+    manager.example_inputs = (
+        torch.tensor([[2, 3, 4]], dtype=torch.long),
+        {"input_pos": torch.tensor([0, 1, 2], dtype=torch.long),
+         "last_valid_token_pos": torch.tensor([1, 2], dtype=torch.long)},
+    )
+    manager.dynamic_shapes = ({1: token_dim}, {"input_pos": {0: token_dim}, "last_valid_token_pos": {0: rows}})
 
 
 @contextlib.contextmanager

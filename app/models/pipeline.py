@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .export import output_quantization
+from .export import output_quantization, row_positions, rows_example_inputs
 from .linear_q4 import swapping_linears
 from .lowering import faster_lowering, shared_provenance
 from .progress import Stages
@@ -93,10 +93,12 @@ def _cwd(path: Path) -> Iterator[None]:
 
 def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_cache: Optional[HqqCache] = None,
                    verbose: bool = False, reexport: bool = False, output_8bit: bool = False,
-                   native_linears: bool = False) -> Path:
+                   native_linears: bool = False, logit_rows: int = 0) -> Path:
     """Export ``cfg`` to ``output`` (a ``.pte``) in ``STAGES`` stages of ``stages``; ``output_8bit``:
     the output projection gets 8-bit weights (export.output_quantization); ``native_linears``: the
-    4-bit linears call ``etserve::linear_q4`` instead of going to XNNPACK (linear_q4.py)."""
+    4-bit linears call ``etserve::linear_q4`` instead of going to XNNPACK (linear_q4.py);
+    ``logit_rows``: a rows build (export.rows_example_inputs), returning logits for up to that
+    many rows of a call, each token at its own position."""
     import torch
 
     if custom_ops:
@@ -121,7 +123,9 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
         if hqq_cache.save():
             print(f"saved the quantization cache {hqq_cache.path}", file=sys.stderr)
 
-        with stages.stage("torch.export"):
+        if logit_rows:
+            rows_example_inputs(manager, logit_rows)
+        with stages.stage("torch.export"), (row_positions() if logit_rows else contextlib.nullcontext()):
             if reexport:
                 manager.export()
                 manager.run_canonical_optimizations()

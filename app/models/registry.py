@@ -17,6 +17,11 @@ PREFILL_MAX_TOKENS = 512
 # ExecuTorch's standard LLM export (llama::custom_sdpa / llama::update_cache), which our own
 # kernels in native/src/ (llm_ops.cpp registers them) run; --no-custom-ops gives the portable fallback.
 DEFAULT_CUSTOM_OPS = True
+# Rows builds (export.rows_example_inputs): one forward call takes tokens at their own positions
+# and returns logits for up to this many of them: batched decode steps of several sequences and
+# speculative drafts. 0: the plain interface (positions from one start, the last row's logits).
+DEFAULT_LOGIT_ROWS = 32
+ROWS_ARCHITECTURES = ("llama", "qwen2")  # gemma3's sliding-window mask is narrowed from one start
 QUANTIZE_CHOICES = ("none", "8da4w")
 # Embedding tables: "none" (fp32) or 4-bit groupwise (quantized_decomposed::embedding_4bit,
 # whose kernel ships in the wheel's libexecutorch_kernels_quantized.so, linked by native/).
@@ -145,6 +150,7 @@ class BuildOptions:
     kv_cache: str = "fp32"
     output_quantize: str = "same"
     linear_kernel: str = DEFAULT_LINEAR_KERNEL  # only an 8da4w build has 4-bit linears for it
+    logit_rows: int = 0  # a rows build's most logits rows per call (DEFAULT_LOGIT_ROWS); 0: plain
 
     @property
     def variant(self) -> str:
@@ -156,7 +162,8 @@ class BuildOptions:
         out = "-o8" if self.output_quantize == "8bit" else ""
         kv = "-kv8" if self.kv_cache == "int8" else ""
         lin = "-lq4" if self.quantize == "8da4w" and self.linear_kernel == "etserve" else ""
-        return f"ctx{self.max_seq_len}-{quant}{emb}{out}{lin}" + ("-sdpa" if self.custom_ops else "") + kv
+        rows = f"-r{self.logit_rows}" if self.logit_rows else ""
+        return f"ctx{self.max_seq_len}-{quant}{emb}{out}{lin}" + ("-sdpa" if self.custom_ops else "") + kv + rows
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -175,6 +182,7 @@ def resolve_options(
     kv_cache: Optional[str] = None,
     output_quantize: Optional[str] = None,
     linear_kernel: Optional[str] = None,
+    logit_rows: Optional[int] = None,
 ) -> BuildOptions:
     """Fill unset options with the model's defaults and validate them."""
     spec = get_spec(name)
@@ -191,6 +199,10 @@ def resolve_options(
         # our kernels are linked into libetserve.so, which every build runs on: only with the custom ops
         linear_kernel=((DEFAULT_LINEAR_KERNEL if custom_ops is not False else "xnnpack")
                        if linear_kernel is None else linear_kernel),
+        # the row table is read by our kernels: only with the custom ops, and for the architectures
+        # whose attention takes each row's position (not gemma3's windowed mask)
+        logit_rows=((DEFAULT_LOGIT_ROWS if custom_ops is not False and spec.architecture in ROWS_ARCHITECTURES
+                     else 0) if logit_rows is None else int(logit_rows)),
     )
     if opts.quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {opts.quantize!r}")

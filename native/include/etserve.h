@@ -41,6 +41,7 @@ typedef struct {
   int32_t dynamic_shape;
   int32_t positions_are_vector; /* forward takes cache positions [S] instead of [1] */
   int32_t logits_dtype;        /* ExecuTorch ScalarType code of the output */
+  int64_t max_rows;            /* a rows build (ets_forward_rows): most rows one call takes; 0: none */
 } ets_model_info;
 
 /* Sampling parameters, applied in this order: logit bias, repetition /
@@ -101,6 +102,21 @@ ETS_API int ets_model_get_info(const ets_model* m, ets_model_info* out);
  * of the last position. Refuses n < 1, n > max_prefill_len, or a range past
  * the KV cache. */
 ETS_API int ets_forward(ets_model* m, const int64_t* tokens, int64_t n, int64_t start_pos);
+
+/* A rows call (rows builds: info.max_rows > 0): token r at cache position positions[r] of
+ * sequence slot slots[r], for r < n <= max_rows, with logits kept for every row. Rows of one
+ * slot at consecutive positions, next to each other, attend causally within themselves like a
+ * prefill chunk (a speculative draft); other rows see only their own slot up to their own
+ * position (decode steps of several sequences in one call, reading the weights once). Refuses
+ * a position outside the cache, a slot that does not exist, two rows for one position of one
+ * slot, and any call before a plain forward call has found the caches (ETS_ERR_STATE).
+ * Afterwards ets_use_row chooses the row the sampler and ets_get_logits read. */
+ETS_API int ets_forward_rows(ets_model* m, const int64_t* tokens, const int64_t* positions,
+                             const int32_t* slots, int64_t n);
+
+/* Makes row `row` of the last rows call the logits ets_sample, ets_top_logprobs and
+ * ets_get_logits read. */
+ETS_API int ets_use_row(ets_model* m, int64_t row);
 
 /* Copies the last logits (vocab_size floats) into `out`. */
 ETS_API int ets_get_logits(ets_model* m, float* out, int64_t n);

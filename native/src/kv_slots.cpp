@@ -114,9 +114,15 @@ char* KvSlots::data_of(const char* base, int slot) const {
   return maps_[static_cast<size_t>(slot - 1)].base + offsets_[static_cast<size_t>(i)];
 }
 
+namespace {
+thread_local int t_override = -1;  // KvSlotOverride's slot, -1: the selected one
+thread_local const KvRows* t_rows = nullptr;
+}  // namespace
+
 void* KvSlots::resolve(const void* p) const {
-  if (active_ == 0) return const_cast<void*>(p);
-  return data_of(static_cast<const char*>(p), active_);
+  const int slot = t_override >= 0 ? t_override : active_;
+  if (slot == 0) return const_cast<void*>(p);
+  return data_of(static_cast<const char*>(p), slot);
 }
 
 size_t KvSlots::reserved_bytes(int slot) const {
@@ -142,8 +148,20 @@ bool KvSlots::release(int slot) {
 
 void* kv_resolve(const void* p) { return t_slots != nullptr ? t_slots->resolve(p) : const_cast<void*>(p); }
 
+void* kv_resolve_in(const void* p, int slot) {
+  if (t_slots == nullptr || slot == 0) return const_cast<void*>(p);
+  return t_slots->data_of(static_cast<const char*>(p), slot);
+}
+
 KvSlotScope::KvSlotScope(const KvSlots* s) : prev_(t_slots) { t_slots = s; }
 KvSlotScope::~KvSlotScope() { t_slots = prev_; }
+
+const KvRows* current_kv_rows() { return t_rows; }
+KvRowsScope::KvRowsScope(const KvRows* rows) : prev_(t_rows) { t_rows = rows; }
+KvRowsScope::~KvRowsScope() { t_rows = prev_; }
+
+KvSlotOverride::KvSlotOverride(int slot) : prev_(t_override) { t_override = slot; }
+KvSlotOverride::~KvSlotOverride() { t_override = prev_; }
 
 }  // namespace etserve
 

@@ -64,6 +64,44 @@ class KvSlots {
 
 // The slots of the model whose forward call runs on this thread (null outside one).
 void* kv_resolve(const void* p);
+// Where cache data `p` lives in slot `slot` (p itself outside a forward call or for a non-cache).
+void* kv_resolve_in(const void* p, int slot);
+
+// A rows call (ets_forward_rows): row r of the call's tokens goes to position pos[r] of slot
+// slot[r]. Our cache writes and attention take each row's slot and position from here instead
+// of the op's start_pos and the selected slot. Rows of one slot at consecutive positions, next
+// to each other in the call, form a run: a run attends causally within itself, like a chunk.
+struct KvRows {
+  int64_t n = 0;
+  const int64_t* pos = nullptr;
+  const int32_t* slot = nullptr;
+  // The end of the run that starts at row r.
+  int64_t run_end(int64_t r) const {
+    int64_t e = r + 1;
+    while (e < n && slot[e] == slot[r] && pos[e] == pos[e - 1] + 1) ++e;
+    return e;
+  }
+};
+const KvRows* current_kv_rows();  // null outside a rows call
+
+class KvRowsScope {
+ public:
+  explicit KvRowsScope(const KvRows* rows);
+  ~KvRowsScope();
+
+ private:
+  const KvRows* prev_;
+};
+
+// While alive, kv_resolve resolves into `slot` instead of the selected one (one run of a rows call).
+class KvSlotOverride {
+ public:
+  explicit KvSlotOverride(int slot);
+  ~KvSlotOverride();
+
+ private:
+  int prev_;
+};
 
 class KvSlotScope {
  public:

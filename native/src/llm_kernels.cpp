@@ -49,14 +49,40 @@ bool copy_into_cache(KernelRuntimeContext& ctx, const char* op, const Tensor& va
                         (int)value.size(d), (int)cache.size(d));
   }
   const int64_t S = value.size(1), Smax = cache.size(1);
-  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + S <= Smax, InvalidArgument,
-                      false, "%s: rows %lld..%lld outside the cache of %lld rows", op,
-                      (long long)start_pos, (long long)(start_pos + S), (long long)Smax);
   ET_KERNEL_CHECK_MSG(ctx, innermost_contiguous(value) && innermost_contiguous(cache),
                       InvalidArgument, false, "%s: innermost dim must be contiguous", op);
   const int64_t B = value.size(0), H = value.size(2), D = value.size(3);
   const size_t es = value.element_size();
   const char* src = static_cast<const char*>(value.const_data_ptr());
+  if (const KvRows* rows = current_kv_rows()) {  // each row to its own slot and position
+    ET_KERNEL_CHECK_MSG(ctx, B == 1 && S == rows->n, InvalidArgument, false,
+                        "%s: a rows call's value must be [1, %lld, H, D]", op, (long long)rows->n);
+    const auto vs = value.strides();
+    const auto cs = cache.strides();
+    const KvLayouts* layouts = current_kv_layouts();
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t pos = rows->pos[s];
+      ET_KERNEL_CHECK_MSG(ctx, pos >= 0 && pos < Smax, InvalidArgument, false,
+                          "%s: row %lld's position %lld is outside the cache of %lld rows", op,
+                          (long long)s, (long long)pos, (long long)Smax);
+      char* dst = static_cast<char*>(kv_resolve_in(cache.mutable_data_ptr(), rows->slot[s]));
+      const KvLayout layout = layouts != nullptr ? layouts->of(dst) : KvLayout::kRows;
+      const char* vr = src + s * vs[1] * es;
+      for (int64_t h = 0; h < H; ++h) {
+        const char* from = vr + h * vs[2] * es;
+        if (layout != KvLayout::kRows) {
+          tiled_write(layout, reinterpret_cast<int8_t*>(dst), H, pos, h,
+                      reinterpret_cast<const int8_t*>(from));
+        } else {
+          std::memcpy(dst + (pos * cs[1] + h * cs[2]) * es, from, D * es);
+        }
+      }
+    }
+    return true;
+  }
+  ET_KERNEL_CHECK_MSG(ctx, start_pos >= 0 && start_pos + S <= Smax, InvalidArgument,
+                      false, "%s: rows %lld..%lld outside the cache of %lld rows", op,
+                      (long long)start_pos, (long long)(start_pos + S), (long long)Smax);
   char* dst = static_cast<char*>(kv_resolve(cache.mutable_data_ptr()));  // the selected slot's
   const auto vs = value.strides();
   const auto cs = cache.strides();
@@ -221,37 +247,66 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
                         "%s: start_pos %lld + seq_len %lld exceeds the cache (%lld)", op,
                         (long long)start_pos, (long long)(n_kv - start_pos), (long long)Smax);
   }
-  AttnArgs a;
-  if (qp) {
-    if (!quant_operand(ctx, op, "query", q, qp->q_zp, qp->q_scale, &a.q) ||
-        !quant_operand(ctx, op, "key", kc, qp->k_zp, qp->k_scale, &a.k) ||
-        !quant_operand(ctx, op, "value", vc, qp->v_zp, qp->v_scale, &a.v))
-      return;
-    choose_layouts(kc, vc, &a.k, &a.v);
-  } else {
-    f32_operand(q, &a.q);
-    f32_operand(kc, &a.k);
-    f32_operand(vc, &a.v);
-  }
   ET_KERNEL_CHECK_MSG(
       ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, InvalidArgument, ,
       "%s: cannot resize out to the query's shape", op);
   ET_KERNEL_CHECK_MSG(ctx, innermost_contiguous(out), InvalidArgument, ,
                       "%s: out innermost dim must be contiguous", op);
   if (q.numel() == 0) return;
-
   const auto os = out.strides();
-  a.o = out.mutable_data_ptr<float>();
-  a.o_sb = os[0], a.o_ss = os[1], a.o_sh = os[2];
-  a.B = B, a.S = S, a.H = H, a.Hkv = Hkv, a.D = D;
-  a.n_kv = n_kv;
-  a.start_pos = start_pos;
-  a.causal = is_causal;
-  a.mask = mp;
-  a.mask_ss = mask_ss;
-  a.scale = scale.has_value() ? static_cast<float>(*scale)
-                              : 1.0f / std::sqrt(static_cast<float>(D));
-  run_attention(a);
+
+  // Query rows [r0, r0 + rows) at positions start.., over the first `keys` positions of the
+  // caches (in the slot kv_resolve gives now).
+  auto attend = [&](int64_t r0, int64_t rows, int64_t start, int64_t keys) -> bool {
+    AttnArgs a;
+    if (qp) {
+      if (!quant_operand(ctx, op, "query", q, qp->q_zp, qp->q_scale, &a.q) ||
+          !quant_operand(ctx, op, "key", kc, qp->k_zp, qp->k_scale, &a.k) ||
+          !quant_operand(ctx, op, "value", vc, qp->v_zp, qp->v_scale, &a.v))
+        return false;
+      choose_layouts(kc, vc, &a.k, &a.v);
+      a.q.i8 += r0 * a.q.ss;
+      a.q.scale += r0 * a.q.sc_ss;
+      a.q.zero_point += r0 * a.q.zp_ss;
+    } else {
+      f32_operand(q, &a.q);
+      f32_operand(kc, &a.k);
+      f32_operand(vc, &a.v);
+      a.q.f32 += r0 * a.q.ss;
+    }
+    a.o = out.mutable_data_ptr<float>() + r0 * os[1];
+    a.o_sb = os[0], a.o_ss = os[1], a.o_sh = os[2];
+    a.B = B, a.S = rows, a.H = H, a.Hkv = Hkv, a.D = D;
+    a.n_kv = keys;
+    a.start_pos = start;
+    a.causal = is_causal;
+    a.mask = mp;
+    a.mask_ss = mask_ss;
+    a.scale = scale.has_value() ? static_cast<float>(*scale)
+                                : 1.0f / std::sqrt(static_cast<float>(D));
+    run_attention(a);
+    return true;
+  };
+
+  const KvRows* rows = current_kv_rows();
+  if (rows == nullptr) {
+    attend(0, S, start_pos, n_kv);
+    return;
+  }
+  // A rows call: each run of rows attends over its own slot, from its own position.
+  ET_KERNEL_CHECK_MSG(ctx, B == 1 && S == rows->n && !mask.has_value() && is_causal,
+                      InvalidArgument, , "%s: a rows call needs a causal, mask-free [1, %lld, H, D] query",
+                      op, (long long)rows->n);
+  for (int64_t r = 0; r < S;) {
+    const int64_t e = rows->run_end(r);
+    const int64_t keys = rows->pos[r] + (e - r);
+    ET_KERNEL_CHECK_MSG(ctx, rows->pos[r] >= 0 && keys <= Smax, InvalidArgument, ,
+                        "%s: rows at %lld..%lld exceed the cache (%lld)", op, (long long)rows->pos[r],
+                        (long long)(keys - 1), (long long)Smax);
+    KvSlotOverride in_slot(rows->slot[r]);
+    if (!attend(r, e - r, rows->pos[r], keys)) return;
+    r = e;
+  }
 }
 
 }  // namespace

@@ -54,6 +54,10 @@ struct ets_model {
   bool has_logits = false;
   std::vector<int64_t> token_buf;
   std::vector<int64_t> pos_buf;
+  std::vector<int64_t> out_buf;
+  std::vector<int32_t> slot_buf;  // a rows call's slots   // a rows build's third input: the rows whose logits come back
+  std::vector<float> row_logits;  // the last rows call's logits, [rows, vocab_size]
+  int64_t n_row_logits = 0;
   std::vector<float> scratch;     // sampler work space, vocab_size floats
   std::vector<int32_t> order;     // sampler candidate ids
   std::vector<float> weights;     // sampler weights by token id, vocab_size floats
@@ -67,5 +71,8 @@ struct ets_model {
 
   bool read_metadata(std::string* why);
   int forward(const int64_t* tokens, int64_t n, int64_t start_pos);
+  int forward_rows(const int64_t* tokens, const int64_t* positions, const int32_t* slots, int64_t n);
+  // Runs the program on token_buf / pos_buf / out_buf; keeps the logits of every returned row.
+  int run(int64_t n, const etserve::KvRows* rows);
   int fail(int code, const std::string& msg);
 };

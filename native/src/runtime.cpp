@@ -323,6 +323,24 @@ int ets_forward(ets_model* m, const int64_t* tokens, int64_t n, int64_t start_po
   return m->forward(tokens, n, start_pos);
 }
 
+int ets_forward_rows(ets_model* m, const int64_t* tokens, const int64_t* positions, const int32_t* slots,
+                     int64_t n) {
+  if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  return m->forward_rows(tokens, positions, slots, n);
+}
+
+int ets_use_row(ets_model* m, int64_t row) {
+  if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  if (row < 0 || row >= m->n_row_logits) {
+    return m->fail(ETS_ERR_OUT_OF_RANGE, "row " + std::to_string(row) + " is not a row of the last rows call (" +
+                                             std::to_string(m->n_row_logits) + " rows)");
+  }
+  const size_t v = static_cast<size_t>(m->info.vocab_size);
+  std::memcpy(m->logits.data(), m->row_logits.data() + static_cast<size_t>(row) * v, sizeof(float) * v);
+  m->has_logits = true;
+  return ETS_OK;
+}
+
 int ets_get_logits(ets_model* m, float* out, int64_t n) {
   if (m == nullptr || out == nullptr) return ETS_ERR_INVALID_ARGUMENT;
   if (!m->has_logits) return m->fail(ETS_ERR_STATE, "no forward call has produced logits yet");
@@ -388,6 +406,15 @@ bool ets_model::read_metadata(std::string* why) {
   int64_t token_upper = tokens_meta->sizes()[1];
   int64_t pos_upper = pos_meta->sizes().size() == 1 ? pos_meta->sizes()[0] : 1;
   info.positions_are_vector = pos_upper > 1 ? 1 : 0;
+  if (meta->num_inputs() >= 3) {  // a rows build: (tokens, positions [S], logits rows [R])
+    auto rows_meta = meta->input_tensor_meta(2);
+    if (!rows_meta.ok() || rows_meta->scalar_type() != ScalarType::Long ||
+        rows_meta->sizes().size() != 1 || !info.positions_are_vector) {
+      *why = "forward's third input must be int64 [R] (a rows build) with positions [S]";
+      return false;
+    }
+    info.max_rows = rows_meta->sizes()[0];
+  }
 
   int64_t v = 0;
   if (!read_int_method(*module, "get_vocab_size", &info.vocab_size)) {
@@ -458,19 +485,77 @@ int ets_model::forward(const int64_t* tokens, int64_t n, int64_t start_pos) {
   } else {
     pos_buf.assign(1, start_pos);
   }
+  out_buf.assign(1, n - 1);
+  return run(n, nullptr);
+}
+
+int ets_model::forward_rows(const int64_t* tokens, const int64_t* positions, const int32_t* row_slots,
+                            int64_t n) {
+  if (info.max_rows <= 0) return fail(ETS_ERR_UNSUPPORTED, "this build takes no rows calls (build it again)");
+  if (tokens == nullptr || positions == nullptr || row_slots == nullptr || n < 1) {
+    return fail(ETS_ERR_INVALID_ARGUMENT, "a rows call needs at least one row");
+  }
+  if (n > info.max_rows || n > info.max_prefill_len) {
+    return fail(ETS_ERR_OUT_OF_RANGE, "a rows call got " + std::to_string(n) + " rows; this model takes at most " +
+                                          std::to_string(std::min(info.max_rows, info.max_prefill_len)));
+  }
+  if (!kv.discovered || kv.caches.empty()) {
+    return fail(ETS_ERR_STATE, "the KV caches are not known yet: a plain forward call comes first");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= info.vocab_size) {
+      return fail(ETS_ERR_INVALID_ARGUMENT, "token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
+    }
+    if (positions[i] < 0 || positions[i] >= info.max_seq_len) {
+      return fail(ETS_ERR_OUT_OF_RANGE, "position " + std::to_string(positions[i]) +
+                                            " is outside the KV cache of " + std::to_string(info.max_seq_len));
+    }
+    if (row_slots[i] < 0 || row_slots[i] >= slots.count()) {
+      return fail(ETS_ERR_OUT_OF_RANGE, "slot " + std::to_string(row_slots[i]) + " does not exist (the model has " +
+                                            std::to_string(slots.count()) + ")");
+    }
+    for (int64_t j = 0; j < i; ++j) {
+      if (row_slots[j] == row_slots[i] && positions[j] == positions[i]) {
+        return fail(ETS_ERR_INVALID_ARGUMENT, "two rows for position " + std::to_string(positions[i]) +
+                                                  " of slot " + std::to_string(row_slots[i]));
+      }
+    }
+  }
+  // The program's own checks read row 0's position as the start of n rows.
+  if (positions[0] + n > info.max_seq_len) {
+    return fail(ETS_ERR_OUT_OF_RANGE, "the first row's position leaves no room for " + std::to_string(n) +
+                                          " rows in the KV cache: put a lower position first");
+  }
+  token_buf.assign(tokens, tokens + n);
+  pos_buf.assign(positions, positions + n);
+  out_buf.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out_buf[static_cast<size_t>(i)] = i;
+  slot_buf.assign(row_slots, row_slots + n);
+  etserve::KvRows rows;
+  rows.n = n;
+  rows.pos = pos_buf.data();
+  rows.slot = slot_buf.data();
+  return run(n, &rows);
+}
+
+int ets_model::run(int64_t n, const etserve::KvRows* rows) {
   auto tokens_t = from_blob(token_buf.data(), {1, static_cast<int32_t>(n)}, ScalarType::Long);
   auto pos_t = from_blob(pos_buf.data(), {static_cast<int32_t>(pos_buf.size())}, ScalarType::Long);
+  auto out_t = from_blob(out_buf.data(), {static_cast<int32_t>(out_buf.size())}, ScalarType::Long);
 
   etserve::KvRecordScope recording(&kv);  // the kernels report the caches they write
   etserve::KvLayoutScope layouts(&kv_layouts);  // and keep or find them in their layouts
   etserve::KvSlotScope slot(&slots);  // in the selected slot's buffers
+  etserve::KvRowsScope row_table(rows);  // or, in a rows call, each row's own
   etserve::log_capture_begin();
-  auto result = module->forward({EValue(tokens_t), EValue(pos_t)});
+  auto result = info.max_rows > 0 ? module->forward({EValue(tokens_t), EValue(pos_t), EValue(out_t)})
+                                  : module->forward({EValue(tokens_t), EValue(pos_t)});
   std::string captured = etserve::log_capture_end();
   ++forward_calls;
+  has_logits = false;
+  n_row_logits = 0;
   if (result.ok()) recording.succeeded();
   if (!result.ok()) {
-    has_logits = false;
     std::string msg = "forward failed: " + error_text(result.error());
     if (!captured.empty()) msg += " (" + captured + ")";
     return fail(ETS_ERR_RUNTIME, msg);
@@ -479,11 +564,18 @@ int ets_model::forward(const int64_t* tokens, int64_t n, int64_t start_pos) {
   const EValue& out = result.get()[0];
   if (!out.isTensor()) return fail(ETS_ERR_RUNTIME, "forward returned no tensor");
   const auto& t = out.toTensor();
-  int64_t vocab = info.vocab_size;
-  if (t.numel() < vocab || t.numel() % vocab != 0) {
+  const int64_t vocab = info.vocab_size;
+  const int64_t want = rows != nullptr ? n : 1;
+  if (t.numel() < vocab * want || t.numel() % vocab != 0) {
     return fail(ETS_ERR_RUNTIME, "forward returned logits of an unexpected size");
   }
-  // [1, vocab] for the last position, or [1, S, vocab]: take the last row.
+  if (rows != nullptr) {
+    row_logits.resize(static_cast<size_t>(n * vocab));
+    std::memcpy(row_logits.data(), t.const_data_ptr<float>() + (t.numel() - n * vocab),
+                sizeof(float) * static_cast<size_t>(n * vocab));
+    n_row_logits = n;
+  }
+  // [1, vocab] for the last position, or [1, S, vocab]: the last row is the sampler's.
   const float* data = t.const_data_ptr<float>() + (t.numel() - vocab);
   std::memcpy(logits.data(), data, sizeof(float) * static_cast<size_t>(vocab));
   has_logits = true;
