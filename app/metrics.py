@@ -119,13 +119,21 @@ class _SlotCollector:
         steps = CounterMetricFamily("etserve_steps", "Forward steps run (prefill chunks and decode steps)")
         handovers = CounterMetricFamily("etserve_step_handovers",
                                         "Steps handed to another sequence than the one that ran the last")
+        shared = CounterMetricFamily("etserve_steps_shared",
+                                     "Decode steps that went along in another sequence's forward call (batched decode)")
+        drafted = CounterMetricFamily("etserve_draft_tokens", "Tokens guessed by speculative decoding and checked")
+        accepted = CounterMetricFamily("etserve_draft_accepted_tokens",
+                                       "Guessed tokens the model agreed with (each saves a decode step)")
         if e is not None:
             for s in e.slots:
                 busy.add_metric([str(s.index), s.task or "idle"], 1.0 if s.busy else 0.0)
                 used.add_metric([str(s.index)], float(len(s.tokens)))
             steps.add_metric([], float(e.steps.steps))
             handovers.add_metric([], float(e.steps.handovers))
-        yield from (busy, used, steps, handovers)
+            shared.add_metric([], float(e.steps.shared))
+            drafted.add_metric([], float(e.drafted))
+            accepted.add_metric([], float(e.draft_accepted))
+        yield from (busy, used, steps, handovers, shared, drafted, accepted)
 
 
 class ObserveRequests:

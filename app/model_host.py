@@ -145,7 +145,7 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
                     session_dir=settings.session_dir or None, session_dir_mib=settings.session_dir_mib,
                     model_identity=identity, context_shift=settings.context_shift, keep=settings.keep,
                     slots=settings.parallel, policy=StepPolicy(max_wait=settings.sched_max_wait),
-                    prefill_step_s=settings.prefill_step_ms / 1000)
+                    prefill_step_s=settings.prefill_step_ms / 1000, draft_max=settings.draft_max)
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
     if engine.sessions.disk is not None:
         engine.sessions.disk.write_delay = faults.session_write_delay()  # 0 unless a test asks

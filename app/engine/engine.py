@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Union
 
+from .batching import DecodeJob, choose_batch, rows_of, verify
 from .cancel import CancelToken
+from .drafts import DraftController, Drafter, SuffixStore
 from .native import NativeError, NativeModel, Status
 from .offload import run_blocking
 from .sampling import SamplingParams
@@ -117,6 +119,8 @@ class GenerationStats:
     prompt_ms: float = 0.0
     decode_ms: float = 0.0
     context_shifts: int = 0  # times the context was full and its older half dropped
+    drafted: int = 0  # tokens guessed by speculative decoding and checked
+    draft_accepted: int = 0  # of those, the ones the model agreed with
 
 
 Event = Union[TokenEvent, PromptProgress]
@@ -159,6 +163,7 @@ class Engine:
         slots: int = 1,
         policy: StepPolicy | None = None,
         prefill_step_s: float = 0.5,
+        draft_max: int = 8,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
@@ -179,6 +184,12 @@ class Engine:
         log = logging.getLogger("etserve")
         self.slot_memory_note = ""
         self.slot_table = SlotTable(1)
+        # rows builds: decode steps of several sequences share a forward call, drafts are verified
+        self.max_rows = min(getattr(model.info, "max_rows", 0), model.info.max_prefill_len)
+        self._pending: dict[int, DecodeJob] = {}  # decode steps waiting for the gate, by claim
+        self.draft_max = max(0, min(draft_max, self.max_rows - 1)) if self.max_rows > 1 else 0
+        self.draft_store = SuffixStore() if self.draft_max else None  # recent outputs, for drafts
+        self.drafted = self.draft_accepted = 0  # totals, for /metrics
         # saved KV states of recent sessions, and which one each slot holds
         disk = None
         if session_dir:
@@ -460,42 +471,173 @@ class Engine:
             keep = max(0, min(keep, len(prompt), self.context_length - 4))
         else:
             max_new = min(request.max_tokens, self.context_length - len(prompt))
+        drafter = None
+        if self.draft_max:
+            drafter = Drafter(prompt, store=self.draft_store, controller=DraftController(max_k=self.draft_max))
+        output: list[int] = []
+        events = [event]
         try:
             while True:
-                stats.completion_tokens += 1
-                slot.generated = stats.completion_tokens
-                yield event
-                token = event.token_id
-                if token in request.stop_token_ids:
-                    stats.finish_reason = "stop"
-                    return
-                if stats.completion_tokens >= max_new:
-                    stats.finish_reason = "length"
-                    return
-                if cancel.cancelled:
-                    stats.finish_reason = "cancelled"
-                    return
-                if sampling.uses_history:
-                    history.append(token)
+                for event in events:
+                    stats.completion_tokens += 1
+                    slot.generated = stats.completion_tokens
+                    yield event
+                    token = event.token_id
+                    output.append(token)
+                    if token in request.stop_token_ids:
+                        stats.finish_reason = "stop"
+                        return
+                    if stats.completion_tokens >= max_new:
+                        stats.finish_reason = "length"
+                        return
+                    if cancel.cancelled:
+                        stats.finish_reason = "cancelled"
+                        return
+                    if sampling.uses_history:
+                        history.append(token)
+                if drafter is not None:
+                    drafter.append([e.token_id for e in events])
                 if pos >= self.context_length:  # no position left for `token`: only with context_shift
                     shifted = self._shift(slot, claim, token, keep, request, rng, history, constraint, cancel)
                     if shifted is None:
                         stats.finish_reason = "cancelled"
                         return
                     event, rng = shifted
+                    events = [event]
                     pos = len(slot.tokens)
                     stats.context_shifts += 1
                     continue
-                out = self._with_step(slot, claim, cancel, self._sample_step, [token], pos, request, rng, history,
-                                      constraint)
+                drafts: list[int] = []
+                if drafter is not None:
+                    drafts = drafter.propose(limit=min(max_new - stats.completion_tokens - 1,
+                                                       self.context_length - pos - 1))
+                out = self._decode_step(slot, claim, cancel, request, token, pos, drafts, rng, history, constraint,
+                                        max_new - stats.completion_tokens)
                 if out is _CANCELLED:
                     stats.finish_reason = "cancelled"
                     return
-                event, rng = out
+                events, rng, accepted = out
+                if drafts:
+                    drafter.observe(len(drafts), accepted)
+                    stats.drafted += len(drafts)
+                    stats.draft_accepted += accepted
+                    self.drafted += len(drafts)
+                    self.draft_accepted += accepted
+                # in the cache now: the token and the drafts the model agreed with
                 slot.tokens.append(token)
-                pos += 1
+                slot.tokens.extend(e.token_id for e in events[:-1])
+                pos += len(events)
         finally:
             stats.decode_ms = (time.perf_counter() - t1) * 1000
+            if self.draft_store is not None and output:
+                self.draft_store.add(prompt[-512:] + output)
+
+    def _decode_step(self, slot: Slot, claim: Claim, cancel: CancelToken, request: GenerationRequest, token: int,
+                     pos: int, drafts: list[int], rng: int, history: list[int], constraint: TokenConstraint | None,
+                     budget: int):
+        """One decode step of this sequence: `token` at `pos` and the drafts after it, verified.
+        Returns (events, rng, drafts accepted), or _CANCELLED. In a rows build the step may go into
+        another sequence's forward call, or take theirs along (batching.py)."""
+        state = [rng]
+        sampling = request.sampling
+
+        def sample(row: int, emitted: list[int]) -> TokenEvent:
+            # row `row`: the model after `token` and drafts[:row] (== emitted): penalties see them too
+            n = len(emitted) if sampling.uses_history else 0
+            if n:
+                history.extend(emitted)
+            try:
+                allowed = constraint.allowed() if constraint is not None else None
+                t, logprob, state[0] = self.model.sample(sampling, state[0], history, allowed)
+            finally:
+                if n:
+                    del history[-n:]
+            if constraint is not None:
+                constraint.accept(t)
+            top = tuple(self.model.top_logprobs(request.top_logprobs)) if request.top_logprobs else ()
+            return TokenEvent(t, logprob, top)
+
+        job = DecodeJob(claim, slot.index, token, pos, drafts, budget, sample, lambda: cancel.cancelled,
+                        request.stop_token_ids)
+        if self.max_rows <= 1:  # a plain build: one sequence's step per call
+            if self._with_step(slot, claim, cancel, self._offload, self._run_batch, [job]) is _CANCELLED:
+                return _CANCELLED
+        elif self._run_shared(job, cancel) is _CANCELLED:
+            return _CANCELLED
+        return job.events, state[0], job.accepted
+
+    def _run_shared(self, job: DecodeJob, cancel: CancelToken):
+        """Run a decode job in a rows build: wait for the step gate, unless a sequence holding it
+        takes this job along into its call; holding it, take along the decode jobs waiting."""
+        claim = job.claim
+        self._pending[claim.seq] = job
+        try:
+            got = self._gate.acquire(claim, lambda: cancel.cancelled or job.taken)
+        finally:
+            if not job.taken:
+                self._pending.pop(claim.seq, None)
+        if job.taken and not got:  # another sequence's call carries it
+            job.finished.wait()
+            if job.error is not None:
+                raise job.error
+            return job
+        if not got:
+            return _CANCELLED
+        t = time.perf_counter()
+        batch = [job]
+        job.taken = True
+        try:
+            if len(self.slot_table) > 1 and self.slot_table.busy > 1:
+                time.sleep(0)  # (gevent) sequences that just got their tokens come back in line for this call
+                waiting = [j for j in self._pending.values() if j is not job and not j.taken]
+                if waiting:
+                    batch = choose_batch(job, waiting, self.max_rows, self.context_length)
+                    jobs = {j.claim.seq: j for j in batch}
+                    along = self._gate.take_along([j.claim for j in batch if j is not job],
+                                                  lambda c: setattr(jobs[c.seq], "taken", True))
+                    along_seqs = {c.seq for c in along}
+                    batch = [j for j in batch if j is job or j.claim.seq in along_seqs]
+            for j in batch:
+                self._pending.pop(j.claim.seq, None)
+            self._offload(self._run_batch, batch)
+        except BaseException as e:
+            for j in batch:
+                if j is not job and j.error is None:
+                    j.error = e
+            raise
+        finally:
+            share = (time.perf_counter() - t) / len(batch)
+            others = [j for j in batch if j is not job]
+            if others:
+                self._gate.credit([j.claim for j in others], share)
+                for j in others:
+                    j.finished.set()
+            self._gate.release(claim, share)
+        if job.error is not None:
+            raise job.error
+        return job
+
+    def _run_batch(self, batch: list[DecodeJob]) -> None:
+        """(Off the event loop) One forward call for the jobs' rows, then each job's rows sampled;
+        a job whose sampling fails gets the error (raised by its own sequence), the others go on.
+        An error of the forward call itself is raised (every job's)."""
+        model = self.model
+        if len(batch) == 1 and not batch[0].drafts:
+            job = batch[0]
+            if len(self.slot_table) > 1:
+                model.select_slot(job.slot)
+            model.forward([job.token], job.pos)
+            verify(job, 0, None)
+            return
+        tokens, positions, slots = rows_of(batch)
+        model.forward_rows(tokens, positions, slots)
+        row = 0
+        for job in batch:
+            try:
+                verify(job, row, model.use_row)
+            except Exception as e:
+                job.error = e
+            row += job.rows
 
     def _shift(self, slot: Slot, claim: Claim, token: int, keep: int, request: GenerationRequest, rng: int,
                history: list[int], constraint: TokenConstraint | None,

@@ -41,6 +41,7 @@ class StepGate:
         self.steps = 0
         self.handovers = 0  # steps handed to another sequence than the one that ran the last
         self.kept = 0  # steps a releaser kept the gate for (the policy preferred it to the waiters)
+        self.shared = 0  # steps that went along in another sequence's forward call (batched decode)
 
     @property
     def waiting(self) -> int:
@@ -139,6 +140,31 @@ class StepGate:
                 self.kept += 1
                 return
             self._hand_to(nxt)
+
+    def take_along(self, claims: list[Claim], mark: Callable[[Claim], None]) -> list[Claim]:
+        """(By the holder) Take these claims out of line, as their steps go into the holder's forward
+        call (batched decode): `mark(claim)` runs for each under the gate's lock, before its
+        `acquire` returns False. Returns those that were waiting (only they go along)."""
+        taken = []
+        with self._mutex:
+            for c in claims:
+                entry = self._waiting.pop(c.seq, None)
+                if entry is not None:
+                    mark(c)
+                    taken.append((c, entry[1]))
+        for _, turn in taken:
+            turn.set()
+        return [c for c, _ in taken]
+
+    def credit(self, claims: list[Claim], seconds: float) -> None:
+        """Claims taken along had a step of `seconds` (their share of the call)."""
+        now = self.clock()
+        with self._mutex:
+            for c in claims:
+                c.service += max(0.0, seconds)
+                c.last_run = now
+                c.waiting_since = now
+                self.shared += 1
 
     def done(self, claim: Claim) -> None:
         """The claim has no more steps: a reservation for it goes to the waiters now."""

@@ -140,4 +140,7 @@ def timings(*stats: GenerationStats) -> dict[str, Any]:
         "predicted_per_second": round((predicted_n - 1) * 1000 / predicted_ms, 2)
         if predicted_ms > 0 and predicted_n > 1 else None,
         "queued_ms": round(sum(s.queued_ms for s in stats), 3),
+        # speculative decoding (llama.cpp's names): tokens guessed and checked, and those accepted
+        "draft_n": sum(s.drafted for s in stats),
+        "draft_n_accepted": sum(s.draft_accepted for s in stats),
     }

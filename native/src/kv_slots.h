@@ -69,18 +69,12 @@ void* kv_resolve_in(const void* p, int slot);
 
 // A rows call (ets_forward_rows): row r of the call's tokens goes to position pos[r] of slot
 // slot[r]. Our cache writes and attention take each row's slot and position from here instead
-// of the op's start_pos and the selected slot. Rows of one slot at consecutive positions, next
-// to each other in the call, form a run: a run attends causally within itself, like a chunk.
+// of the op's start_pos and the selected slot: every row attends over its slot up to its own
+// position, so a draft's rows (one slot, consecutive positions) see the rows before them.
 struct KvRows {
   int64_t n = 0;
   const int64_t* pos = nullptr;
   const int32_t* slot = nullptr;
-  // The end of the run that starts at row r.
-  int64_t run_end(int64_t r) const {
-    int64_t e = r + 1;
-    while (e < n && slot[e] == slot[r] && pos[e] == pos[e - 1] + 1) ++e;
-    return e;
-  }
 };
 const KvRows* current_kv_rows();  // null outside a rows call
 

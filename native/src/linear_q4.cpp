@@ -13,9 +13,10 @@
 // (prefill): panels of 16 output rows unpacked once so that one vector holds
 // the same four inputs of 16 rows (gemm_panels: the integer sums stay in the
 // lanes for a whole group, one conversion and scale a group for 16 rows; with
-// AVX-512 VNNI a 512-bit vpdpbusd); rows past the last whole panel by blocks
-// (gemm: a block's rows unpacked into a small buffer, pairs of activation rows
-// over them). Threads split the output features (N) by blocks or panels. Where the CPU has
+// AVX-512 VNNI a 512-bit vpdpbusd); rows past the last whole panel row by row
+// as in decode. Every path forms a group's sum as an integer and scales it with
+// one fused multiply-add a group, in group order: an output row is the same bit
+// for bit however many rows the call has. Threads split the output features (N) by blocks or panels. Where the CPU has
 // AMX (linear_q4_amx.h), a panel's rows go 16 at a time through TDPBUSD instead, the panel's
 // unpacked weights being its B operand as they are.
 // Without AVX2 (and F16C, FMA): the same arithmetic in scalar code.
@@ -107,10 +108,19 @@ T* align64(T* p) {
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
 }
 
+// One output from its sum over groups: xs * (acc - off * row_sum) (+ bias). Where the panels
+// (prefill, rows calls) run, with the same fused steps as their panel_store: every path rounds an
+// output alike, so a row's result does not depend on how many rows the call has (a decode step
+// and the same token in a batched or speculative rows call agree bit for bit).
 inline float finish(float acc, float xs, int32_t off, const float* row_sums, const float* bias,
                     int64_t n) {
+#if defined(ETS_Q4_AVX2)
+  const float y = std::fma(-static_cast<float>(off), row_sums[n], acc);
+  return bias ? std::fma(xs, y, bias[n]) : xs * y;
+#else
   float y = xs * (acc - static_cast<float>(off) * row_sums[n]);
   return bias ? y + bias[n] : y;
+#endif
 }
 
 #if defined(ETS_Q4_AVX2)
@@ -135,6 +145,17 @@ inline __m256 dot32(__m256i xu, __m256i w) {
   return _mm256_cvtepi32_ps(p);
 }
 
+// The same 32 products' sum per lane as integers.
+inline __m256i dot32i(__m256i xu, __m256i w) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), xu, w);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), xu, w);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(xu, w), _mm256_set1_epi16(1));
+#endif
+}
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -156,30 +177,31 @@ inline __m128 scales4(const uint16_t* p) {
 }
 
 // One activation row against weight blocks [b0, b1) (rows 4 b0 .. 4 b1 - 1): the block's four
-// rows are one stream of 64 bytes a group.
+// rows are one stream of 64 bytes a group. Each row's group sum is formed as an integer (exact)
+// and scaled by one fused multiply-add a group, in group order: the panels' arithmetic, so that
+// the result is theirs bit for bit.
 void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W, const uint16_t* S,
           const float* C, const float* bias, int64_t b0, int64_t b1, float* y) {
   const int64_t G = K / kQ4Group;
   for (int64_t blk = b0; blk < b1; ++blk) {
     const uint8_t* w = W + blk * G * 64;
     const uint16_t* s = S + blk * G * 4;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m128 acc = _mm_setzero_ps();  // lane r: row r
     for (int64_t g = 0; g < G; ++g, w += 64, s += 4) {
       _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(w + kFar), _MM_HINT_T1);
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu + g * kQ4Group));
-      const __m128 s4 = scales4(s);
-      const __m256 s8 = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
-      a0 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w)), _mm256_permute_ps(s8, 0x00), a0);
-      a1 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w + 16)), _mm256_permute_ps(s8, 0x55), a1);
-      a2 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w + 32)), _mm256_permute_ps(s8, 0xAA), a2);
-      a3 = _mm256_fmadd_ps(dot32(xv, unpack_q4(w + 48)), _mm256_permute_ps(s8, 0xFF), a3);
+      const __m256i p0 = dot32i(xv, unpack_q4(w)), p1 = dot32i(xv, unpack_q4(w + 16));
+      const __m256i p2 = dot32i(xv, unpack_q4(w + 32)), p3 = dot32i(xv, unpack_q4(w + 48));
+      // per 128-bit half: [p0, p1, p2, p3] half sums; the halves added: the four rows' sums
+      const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+      const __m128i d = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      acc = _mm_fmadd_ps(_mm_cvtepi32_ps(d), scales4(s), acc);
     }
+    alignas(16) float t[4];
+    _mm_store_ps(t, acc);
     const int64_t n = blk * 4;
-    y[n] = finish(hsum(a0), xs, off, C, bias, n);
-    y[n + 1] = finish(hsum(a1), xs, off, C, bias, n + 1);
-    y[n + 2] = finish(hsum(a2), xs, off, C, bias, n + 2);
-    y[n + 3] = finish(hsum(a3), xs, off, C, bias, n + 3);
+    for (int r = 0; r < 4; ++r) y[n + r] = finish(t[r], xs, off, C, bias, n + r);
   }
 }
 
@@ -206,15 +228,18 @@ void gemv512(const uint8_t* xq, const int32_t* x8, float xs, int32_t off, int64_
       __m512i d = _mm512_load_si512(x8 + g * 16);
       d = dpbusd(d, _mm512_load_si512(xq + g * 128), _mm512_and_si512(wv, nib));
       d = dpbusd(d, _mm512_load_si512(xq + g * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib));
+      // the four lanes of a row (one 128-bit lane) summed as integers: each holds the row's group
+      // sum, scaled once a group like the panels do (their result, bit for bit)
+      d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_BADC));
+      d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_CDAB));
       const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4(s)));
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc);
     }
-    // lanes 4r..4r+3 hold row r's sum
+    // lanes 4r..4r+3 each hold row r's sum
     alignas(64) float t[16];
     _mm512_store_ps(t, acc);
     const int64_t n = blk * 4;
-    for (int r = 0; r < 4; ++r)
-      y[n + r] = finish((t[4 * r] + t[4 * r + 1]) + (t[4 * r + 2] + t[4 * r + 3]), xs, off, C, bias, n + r);
+    for (int r = 0; r < 4; ++r) y[n + r] = finish(t[4 * r], xs, off, C, bias, n + r);
   }
 }
 
@@ -234,83 +259,12 @@ void gemv512_prepare(const uint8_t* xu, int64_t K, uint8_t* xq, int32_t* x8) {
 }
 #endif
 
-// Activation rows [0, M) against weight blocks [b0, b1): each block's four rows unpacked once
-// into `wbuf` (4 * K bytes) and its scales into `sbuf` (4 * G floats, row-major), then two
-// activation rows at a time.
-void gemm(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int64_t K,
-          const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t N,
-          int64_t b0, int64_t b1, float* Y, int8_t* wbuf, float* sbuf) {
-  const int64_t G = K / kQ4Group;
-  for (int64_t blk = b0; blk < b1; ++blk) {
-    const int64_t n = blk * 4;
-    const uint8_t* w = W + blk * G * 64;
-    const uint16_t* sp = S + blk * G * 4;
-    for (int64_t g = 0; g < G; ++g) {
-      float t[4];
-      _mm_storeu_ps(t, scales4(sp + 4 * g));
-      for (int r = 0; r < 4; ++r) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wbuf + r * K + g * kQ4Group),
-                            unpack_q4(w + g * 64 + r * 16));
-        sbuf[r * G + g] = t[r];
-      }
-    }
-    const int8_t* b0p = wbuf;
-    const int8_t* b1p = wbuf + K;
-    const int8_t* b2p = wbuf + 2 * K;
-    const int8_t* b3p = wbuf + 3 * K;
-    const float* s0 = sbuf;
-    const float* s1 = s0 + G;
-    const float* s2 = s1 + G;
-    const float* s3 = s2 + G;
-    for (int64_t m = 0; m < M; m += 2) {
-      const bool pair = m + 1 < M;
-      const uint8_t* x0 = XU + m * K;
-      const uint8_t* x1 = pair ? x0 + K : x0;  // an odd last row runs twice, kept once
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-      __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t k = g * kQ4Group;
-        const __m256i xv0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + k));
-        const __m256i xv1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1 + k));
-        __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0p + k));
-        __m256 sc = _mm256_broadcast_ss(s0 + g);
-        a00 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a00);
-        a10 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a10);
-        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1p + k));
-        sc = _mm256_broadcast_ss(s1 + g);
-        a01 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a01);
-        a11 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a11);
-        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b2p + k));
-        sc = _mm256_broadcast_ss(s2 + g);
-        a02 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a02);
-        a12 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a12);
-        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b3p + k));
-        sc = _mm256_broadcast_ss(s3 + g);
-        a03 = _mm256_fmadd_ps(dot32(xv0, wv), sc, a03);
-        a13 = _mm256_fmadd_ps(dot32(xv1, wv), sc, a13);
-      }
-      float* y0 = Y + m * N;
-      y0[n] = finish(hsum(a00), xs[m], off[m], C, bias, n);
-      y0[n + 1] = finish(hsum(a01), xs[m], off[m], C, bias, n + 1);
-      y0[n + 2] = finish(hsum(a02), xs[m], off[m], C, bias, n + 2);
-      y0[n + 3] = finish(hsum(a03), xs[m], off[m], C, bias, n + 3);
-      if (pair) {
-        float* y1 = y0 + N;
-        y1[n] = finish(hsum(a10), xs[m + 1], off[m + 1], C, bias, n);
-        y1[n + 1] = finish(hsum(a11), xs[m + 1], off[m + 1], C, bias, n + 1);
-        y1[n + 2] = finish(hsum(a12), xs[m + 1], off[m + 1], C, bias, n + 2);
-        y1[n + 3] = finish(hsum(a13), xs[m + 1], off[m + 1], C, bias, n + 3);
-      }
-    }
-  }
-}
-
 // Prefill by panels of 16 output rows (four blocks): the panel's weights unpacked once into
 // `pw` as [group][quad of inputs][16 rows][4 bytes], its scales into `ps` as [group][16 rows],
 // so that one vector holds the same four inputs of 16 rows: multiplied with four activation
 // bytes broadcast, every lane adds to its own row's sum, a group's eight quads add up in the
 // lanes and the float conversion and scale come once a group (not once per 32 products as in
-// gemm above). Eight activation rows at a time (AVX-512), then four, then one.
+// a gemv). Eight activation rows at a time (AVX-512), then four, then one.
 constexpr int64_t kPanel = 16;
 
 void unpack_panel(const uint8_t* W, const uint16_t* S, int64_t G, int64_t blk0, int8_t* pw, float* ps) {
@@ -397,9 +351,9 @@ void panel_store(const __m512 out[RM], const float* xs, const int32_t* off, cons
                  const float* bias, int64_t n0, int64_t N, float* Y) {
   const __m512 rs = _mm512_loadu_ps(C + n0);
   for (int r = 0; r < RM; ++r) {
-    __m512 y = _mm512_mul_ps(_mm512_set1_ps(xs[r]),
-                             _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(off[r])), rs, out[r]));
-    if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + n0));
+    const __m512 t = _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(off[r])), rs, out[r]);
+    const __m512 y = bias ? _mm512_fmadd_ps(_mm512_set1_ps(xs[r]), t, _mm512_loadu_ps(bias + n0))
+                          : _mm512_mul_ps(_mm512_set1_ps(xs[r]), t);  // as finish() rounds
     _mm512_storeu_ps(Y + r * N + n0, y);
   }
 }
@@ -444,9 +398,9 @@ void panel_store(const __m256 out[RM][2], const float* xs, const int32_t* off, c
   for (int h = 0; h < 2; ++h) {
     const __m256 rs = _mm256_loadu_ps(C + n0 + 8 * h);
     for (int r = 0; r < RM; ++r) {
-      __m256 y = _mm256_mul_ps(_mm256_set1_ps(xs[r]),
-                               _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(off[r])), rs, out[r][h]));
-      if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + n0 + 8 * h));
+      const __m256 t = _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(off[r])), rs, out[r][h]);
+      const __m256 y = bias ? _mm256_fmadd_ps(_mm256_set1_ps(xs[r]), t, _mm256_loadu_ps(bias + n0 + 8 * h))
+                            : _mm256_mul_ps(_mm256_set1_ps(xs[r]), t);  // as finish() rounds
       _mm256_storeu_ps(Y + r * N + n0 + 8 * h, y);
     }
   }
@@ -530,11 +484,6 @@ void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W,
   }
 }
 
-void gemm(const uint8_t* XU, const float* xs, const int32_t* off, int64_t M, int64_t K,
-          const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t N,
-          int64_t b0, int64_t b1, float* Y, int8_t*, float*) {
-  for (int64_t m = 0; m < M; ++m) gemv(XU + m * K, xs[m], off[m], K, W, S, C, bias, b0, b1, Y + m * N);
-}
 
 #endif
 
@@ -624,12 +573,10 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
   }
 #endif
   if (done == blocks) return;
+  // Blocks past the last whole panel: each row as a decode step computes them (the same rounding)
   executorch::extension::parallel_for(done, blocks, 1, [&](int64_t b0, int64_t b1) {
-    thread_local std::vector<int8_t> wbuf;
-    thread_local std::vector<float> sbuf;
-    wbuf.resize(static_cast<size_t>(4 * K));
-    sbuf.resize(static_cast<size_t>(4 * (K / kQ4Group)));
-    gemm(XU, XS, OFF, M, K, weight, scales, row_sums, bias, N, b0, b1, out, wbuf.data(), sbuf.data());
+    for (int64_t m = 0; m < M; ++m) gemv(XU + m * K, XS[m], OFF[m], K, weight, scales, row_sums, bias, b0, b1,
+                                         out + m * N);
   });
 }
 

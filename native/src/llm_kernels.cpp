@@ -293,19 +293,20 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
     attend(0, S, start_pos, n_kv);
     return;
   }
-  // A rows call: each run of rows attends over its own slot, from its own position.
+  // A rows call: each row attends over its own slot up to its own position, through the kernel
+  // of a decode step (a draft's rows see the rows before them, written by update_cache first).
+  // Row by row, not a draft's rows as one chunk: a chunk rounds differently from a decode step,
+  // and a verified draft must give the tokens plain decoding gives, bit for bit.
   ET_KERNEL_CHECK_MSG(ctx, B == 1 && S == rows->n && !mask.has_value() && is_causal,
                       InvalidArgument, , "%s: a rows call needs a causal, mask-free [1, %lld, H, D] query",
                       op, (long long)rows->n);
-  for (int64_t r = 0; r < S;) {
-    const int64_t e = rows->run_end(r);
-    const int64_t keys = rows->pos[r] + (e - r);
-    ET_KERNEL_CHECK_MSG(ctx, rows->pos[r] >= 0 && keys <= Smax, InvalidArgument, ,
-                        "%s: rows at %lld..%lld exceed the cache (%lld)", op, (long long)rows->pos[r],
-                        (long long)(keys - 1), (long long)Smax);
+  for (int64_t r = 0; r < S; ++r) {
+    const int64_t pos = rows->pos[r];
+    ET_KERNEL_CHECK_MSG(ctx, pos >= 0 && pos < Smax, InvalidArgument, ,
+                        "%s: row %lld's position %lld is outside the cache (%lld)", op, (long long)r,
+                        (long long)pos, (long long)Smax);
     KvSlotOverride in_slot(rows->slot[r]);
-    if (!attend(r, e - r, rows->pos[r], keys)) return;
-    r = e;
+    if (!attend(r, 1, pos, pos + 1)) return;
   }
 }
 

@@ -244,3 +244,19 @@ def test_an_exported_8da4w_model_runs_its_linears_in_our_kernel(run_pte, tiny_q4
     for start, g, ref in zip([s for s, _ in meta["steps"]], got, ref_logits):
         # torchao's eager arithmetic, up to float summation order
         assert np.abs(g - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()), (start, np.abs(g - ref).max())
+
+
+@pytest.mark.parametrize("n,k", [(64, 128), (896, 4864), (52, 96)])  # 52: blocks past the last panel
+def test_a_row_is_the_same_bit_for_bit_however_many_rows_the_call_has(lib, n, k):
+    """A decode step (one row: gemv) and the same row in a call of several (panels, AMX tiles from
+    16 rows, the blocks past the last panel) round alike: batched decode and speculative drafts
+    give the outputs of plain decoding (app/engine/batching.py)."""
+    rng = np.random.default_rng(n + k)
+    q, scales, b = make_layer(rng, n, k, bias=True)
+    weight, s, row_sums = lq.pack(q, scales)
+    x = (rng.standard_normal((20, k)) * 3).astype(np.float32)
+    singles = np.stack([run(lib, x[i : i + 1], weight, s, row_sums, b)[1][0] for i in range(20)])
+    for m in (2, 4, 8, 9, 16, 20):
+        rc, y = run(lib, x[:m], weight, s, row_sums, b)
+        assert rc == 0
+        np.testing.assert_array_equal(y, singles[:m], err_msg=f"{m} rows")

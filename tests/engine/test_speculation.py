@@ -1,0 +1,113 @@
+"""Speculative decoding and batched decode in the engine, on the real test model (a rows build):
+the tokens are plain decoding's, greedy and sampled with a seed, however the steps are shared.
+
+- Drafts (app/engine/drafts.py) verified in one forward call (app/engine/batching.py): at
+  temperature 0 the output is byte-identical to decoding without drafts; with sampling and a
+  seed, the same tokens too (rows are sampled in order, none past the first mismatch, so the
+  random stream and the penalties' history advance as in plain decoding).
+- Several sequences decoding at once share forward calls (a step taken along by the sequence
+  holding the step gate), and each still gets its output alone.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from app.engine import Engine, GenerationRequest, NativeModel, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+CODE = '''def mean(xs):
+    """The arithmetic mean of xs."""
+    total = 0
+    for x in xs:
+        total += x
+    return total / len(xs)
+
+
+def variance(xs):
+    """The population variance of xs."""
+    m = mean(xs)
+    total = 0
+    for x in xs:
+        total += (x - m) ** 2
+    return total / len(xs)
+'''
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    m = NativeModel(model_dir / "model.pte")  # its own: the served model's engine keeps its slots
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(served_model):
+    def chat(text):
+        return served_model.tokenizer.encode(served_model.template.render([{"role": "user", "content": text}]))
+
+    return [
+        chat("Copy this code exactly, then stop:\n\n" + CODE),
+        chat("Write a short poem about the sea."),
+        chat("List the numbers from 1 to 30, separated by commas."),
+        chat("Rename `total` to `acc` in this code and show all of it:\n\n" + CODE),
+    ]
+
+
+def generate(engine: Engine, ids: list[int], n: int, sampling=GREEDY):
+    gen = engine.generate(GenerationRequest(ids, n, sampling, frozenset({2})))
+    return [e.token_id for e in gen], gen.stats
+
+
+def together(engine: Engine, prompts, n: int, sampling=GREEDY):
+    out = [None] * len(prompts)
+
+    def one(i):
+        out[i] = generate(engine, prompts[i], n, sampling)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_greedy_output_is_plain_decodings_with_drafts_and_shared_steps(model, prompts):
+    plain = Engine(model, slots=4, draft_max=0, prefix_reuse=False)
+    alone = [generate(plain, p, 80)[0] for p in prompts]
+    spec = Engine(model, slots=4, draft_max=8, prefix_reuse=False)
+    one_by_one = [generate(spec, p, 80) for p in prompts]
+    assert [t for t, _ in one_by_one] == alone
+    copy_stats = one_by_one[0][1]
+    assert copy_stats.draft_accepted >= 20, copy_stats  # copying code: most drafts are right
+    assert copy_stats.completion_tokens > 0 and spec.model.forward_calls > 0
+    shared = Engine(model, slots=4, draft_max=8, prefix_reuse=False)
+    results = together(shared, prompts, 80)
+    assert [t for t, _ in results] == alone
+    assert shared.steps.shared > 0, "no decode step went along in another sequence's forward call"
+    assert sum(s.drafted for _, s in results) > 0
+
+
+def test_batched_decode_without_drafts(model, prompts):
+    plain = Engine(model, slots=4, draft_max=0, prefix_reuse=False)
+    alone = [generate(plain, p, 40)[0] for p in prompts]
+    shared = Engine(model, slots=4, draft_max=0, prefix_reuse=False)
+    assert [t for t, _ in together(shared, prompts, 40)] == alone
+    assert shared.steps.shared > 0
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0.8, seed=1234),
+    SamplingParams(temperature=1.0, top_k=40, top_p=0.9, repetition_penalty=1.1, seed=7),
+])
+def test_sampled_output_with_a_seed_is_plain_decodings(model, prompts, sampling):
+    plain = Engine(model, slots=2, draft_max=0, prefix_reuse=False)
+    spec = Engine(model, slots=2, draft_max=8, prefix_reuse=False)
+    for p in (prompts[0], prompts[3]):
+        expected = generate(plain, p, 60, sampling)[0]
+        got, stats = generate(spec, p, 60, sampling)
+        assert got == expected
+        assert stats.drafted > 0
