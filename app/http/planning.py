@@ -1,5 +1,6 @@
-"""What every completion route shares once a request is parsed: the model
-check, fitting a prompt and its max_tokens into the context, and usage."""
+"""What every generating route shares once a request is parsed: the model and token-id checks,
+fitting a prompt and its max_tokens into the context, FIM prompts, each choice's generation, and
+the `timings` of a request (llama.cpp's object, which the OpenAI routes send too)."""
 
 from __future__ import annotations
 
@@ -107,20 +108,6 @@ def choice_generation(generation: GenerationRequest, index: int) -> GenerationRe
     if index and generation.sampling.seed is not None:
         return replace(generation, sampling=replace(generation.sampling, seed=generation.sampling.seed + index))
     return generation
-
-
-def usage(*stats: GenerationStats, shared_prompt: bool = False) -> dict[str, Any]:
-    """OpenAI's usage object over one or more generations; with `shared_prompt` (n choices
-    of one prompt) the prompt counts once."""
-    counted = stats[:1] if shared_prompt else stats
-    prompt = sum(s.prompt_tokens for s in counted)
-    completion = sum(s.completion_tokens for s in stats)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in counted)},
-    }
 
 
 def timings(*stats: GenerationStats) -> dict[str, Any]:
