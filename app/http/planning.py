@@ -9,6 +9,7 @@ from typing import Any
 
 from app.engine import GenerationRequest, GenerationStats
 from app.model_host import ServedModel
+from app.text import fim
 
 from .errors import APIError, invalid_value
 from .generation_params import GenerationParams
@@ -81,8 +82,8 @@ def fit_fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, 
     """fim_prompt, and whether the prompt was trimmed to leave `reserve` tokens of the context
     for the middle (editors send more context than fits and expect the server to cut it)."""
     if model.fim is None:
-        raise APIError(400, f"the model '{model.id}' has no fill-in-the-middle tokens (<|fim_prefix|>, "
-                       "<|fim_suffix|>, <|fim_middle|>): it cannot infill", code="fim_not_supported", param=param)
+        raise APIError(400, f"the model '{model.id}' has no fill-in-the-middle tokens ({fim.REQUIRED}): "
+                       "it cannot infill", code="fim_not_supported", param=param)
     if reserve is None:
         return model.fim.prompt(model.tokenizer, prefix, suffix, extra=extra, typed=typed), False
     budget = max(8, model.context_length - max(1, reserve))
