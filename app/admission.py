@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 
 class Busy(Exception):
-    """Too many requests of this kind in flight: a 429 (app/openai/errors.to_api_error)."""
+    """Too many requests of this kind in flight: a 429 (app/http/errors.to_api_error)."""
 
     def __init__(self, message: str, retry_after: int = 1):
         super().__init__(message)

@@ -11,7 +11,7 @@ import hmac
 
 import falcon
 
-from app.openai.errors import APIError
+from app.http.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})
 

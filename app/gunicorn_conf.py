@@ -25,7 +25,7 @@ graceful_timeout = 30
 keepalive = 5
 accesslog = "-"
 # one line per request, carrying the id the response's X-Request-Id header shows, the client
-# a proxy forwarded for, and for completions their tokens and timings (app/openai/generation_resource.py)
+# a proxy forwarded for, and for completions their tokens and timings (app/http/generation_resource.py)
 access_log_format = ('%(h)s "%(r)s" %(s)s %(B)sB %(M)sms rid=%({x-request-id}o)s fwd=%({x-forwarded-for}i)s '
                      '%({etserve.generation}e)s')
 

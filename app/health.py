@@ -12,9 +12,9 @@ from typing import Callable
 import falcon
 
 from app.engine import NativeError
+from app.http.errors import APIError
 from app.model_host import ServedModel
 from app.models.manifest import ManifestError
-from app.openai.errors import APIError
 
 log = logging.getLogger("etserve")
 

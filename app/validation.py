@@ -1,11 +1,11 @@
 """Client input as data, whatever API it arrives on: JSON parsed with bounded depth and size,
 numbers that are finite, values of the type the code after it expects.
 
-Every route's request body goes through `loads` (app/openai/body.py), and so does every string
+Every route's request body goes through `loads` (app/http/body.py), and so does every string
 the server parses as JSON on a client's behalf: tool-call `arguments` in chat and Responses
 history, Anthropic's `metadata.user_id`, the arguments a model writes. A failure is an
 `InvalidInput` (a ValueError), which each API turns into a 400 in its own envelope
-(app/openai/errors.to_api_error; the Messages routes take Anthropic's by path).
+(app/http/errors.to_api_error; the Messages routes take Anthropic's by path).
 
 This module imports nothing of the APIs, so app/openai, app/anthropic and app/llamacpp all use
 it without importing each other.

@@ -6,7 +6,7 @@ buffers) blocks the server's write forever, and its generation holds the engine 
 gunicorn hands the app the client socket (environ["gunicorn.socket"]); a gevent socket with a
 timeout raises socket.timeout from a sendall that made no progress for that long. gunicorn then
 drops the connection and closes the response body, which cancels the generation
-(app/openai/sse.py's on_abandon, the cancel token's close).
+(app/http/sse.py's on_abandon, the cancel token's close).
 """
 
 from __future__ import annotations

@@ -25,11 +25,13 @@ from app.llamacpp.infill.protocol import parse_infill_request
 from app.llamacpp.infill.serving import Infill
 from app.llamacpp.props import PropsResource
 from app.llamacpp.slots.routes import SlotsResource
-from app.openai import errors
+from app.http import errors
+from app.http.cancel import editor_key
+from app.http.chat import ChatService
+from app.http.generation_resource import GenerationResource
+from app.openai import errors as openai_errors
 from app.openai.chat.routes import chat_completions_resource
-from app.openai.cancel import editor_key
 from app.openai.chat.serving import ChatCompletions
-from app.openai.generation_resource import GenerationResource
 from app.openai.completions.routes import completions_resource
 from app.openai.completions.serving import Completions
 from app.openai.models.routes import ModelsResource
@@ -45,20 +47,23 @@ from app.write_timeout import WriteTimeout
 
 
 def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) -> None:
-    chat_service = ChatCompletions(model)
-    chat = chat_completions_resource(chat_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
+    chat_service = ChatService(model)  # the chat pipeline of chat completions, Responses and Messages
+    chat = chat_completions_resource(ChatCompletions(chat_service), settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)
     completions = completions_resource(Completions(model), settings.max_body_bytes,
                                        sse_keepalive=settings.sse_keepalive)
     tokenizer = TokenizerResource(Tokenization(model, chat_service), settings.max_body_bytes)
     models = ModelsResource(model, int(time.time()))
     sessions = SessionsResource(model)
-    # llama.cpp's route: its stream has no `data: [DONE]`
+    # llama.cpp's routes: their stream has no `data: [DONE]`; their errors take the default
+    # (OpenAI's) envelope, in a stream too
     infill = GenerationResource(parse_infill_request, Infill(model), settings.max_body_bytes,
-                                sse_keepalive=settings.sse_keepalive, done=False, supersede=editor_key)
+                                error_event=openai_errors.error_event, sse_keepalive=settings.sse_keepalive,
+                                done=False, supersede=editor_key)
     app.add_route("/infill", infill)
     app.add_route("/slots", SlotsResource(model))
     completion = GenerationResource(parse_completion_request, Completion(model), settings.max_body_bytes,
-                                    sse_keepalive=settings.sse_keepalive, done=False)
+                                    error_event=openai_errors.error_event, sse_keepalive=settings.sse_keepalive,
+                                    done=False)
     app.add_route("/completion", completion)
     app.add_route("/props", PropsResource(model))
     responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size,
@@ -109,7 +114,8 @@ def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.A
     middleware.append(RequireModel(state, open_paths=frozenset({"/", "/metrics"})))
     app = falcon.App(middleware=middleware, router=router)
     app.req_options.strip_url_path_trailing_slash = True
-    errors.install(app, anthropic_routes.error_envelopes())  # the Messages API's routes: Anthropic's
+    # OpenAI's envelope, but on the Messages API's routes Anthropic's
+    errors.install(app, openai_errors.envelope, anthropic_routes.error_envelopes())
     app.add_route("/health", HealthResource(state))
     app.add_route("/metrics", MetricsResource(metrics))
     app.add_route("/", ChatPageResource(api_key_required=bool(settings.api_key)))

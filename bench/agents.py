@@ -48,7 +48,7 @@ TURN = "claude code turn vs llama.cpp"
 WARM = "restart-warm agent turn"
 FIRST_PROMPT = "Reply with one word: hello"
 SECOND_PROMPT = "Reply with one word: goodbye"
-# etserve's access log, per request (gunicorn.conf.py, app/openai/generation_resource.py)
+# etserve's access log, per request (gunicorn.conf.py, app/http/generation_resource.py)
 LOG_LINE = re.compile(r'"POST /v1/messages\?beta=true HTTP/1\.1" (\d{3}) .*?prompt=(\d+) cached=(\d+) '
                       r'completion=(\d+) finish=(\S+) queued=(\d+)ms prefill=(\d+)ms')
 

@@ -19,10 +19,10 @@ from typing import Any
 from app import validation
 from app.engine import SamplingParams
 from app.engine.sessions import MAX_SESSION_ID_CHARS
-from app.openai.chat.protocol import MAX_MESSAGES, ResponseFormat
-from app.openai.errors import APIError, invalid_value
-from app.openai.fields import Fields, message_list
-from app.openai.generation_params import GenerationParams, stop_strings
+from app.http.chat import MAX_MESSAGES, ResponseFormat
+from app.http.errors import APIError, invalid_value
+from app.http.fields import Fields, message_list
+from app.http.generation_params import GenerationParams, stop_strings
 
 log = logging.getLogger("etserve")
 

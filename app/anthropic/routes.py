@@ -6,10 +6,9 @@ from __future__ import annotations
 import falcon
 
 from app.admission import Offload
-
-from app.openai.body import read_json
-from app.openai.errors import Envelope
-from app.openai.generation_resource import GenerationResource
+from app.http.body import read_json
+from app.http.errors import Envelope
+from app.http.generation_resource import GenerationResource
 
 from .errors import envelope, error_event
 from .protocol import parse_count_tokens_request, parse_messages_request
@@ -19,7 +18,7 @@ PATHS = ("/v1/messages", "/messages")  # the /v1 route and its unprefixed alias
 
 
 def error_envelopes() -> dict[str, Envelope]:
-    """Path prefix -> envelope, for app.openai.errors.install."""
+    """Path prefix -> envelope, for app.http.errors.install."""
     return {path: envelope for path in PATHS}
 
 

@@ -1,7 +1,7 @@
 """Messages: the chat service prepares and runs the request; its deltas become content blocks.
 
-A request becomes the chat route's internal request (ChatCompletions.prepare renders the
-template, tokenizes, plans, compiles the tool_choice grammar); the one ChoicePipeline's
+A request becomes the shared chat pipeline's ChatRequest (ChatService.prepare, app/http/chat.py,
+renders the template, tokenizes, plans, compiles the tool_choice grammar); the one ChoicePipeline's
 deltas become Anthropic content blocks through `ContentBlocks`, whose events are the stream
 and whose fold is the whole message, so the two always agree.
 """
@@ -16,11 +16,10 @@ from typing import Any, Iterator
 
 from app import validation
 from app.engine import CancelToken, GenerationStats
-from app.openai.chat.protocol import ChatCompletionRequest
-from app.openai.chat.serving import ChatCompletions, PreparedChat
-from app.openai.common import check_model
-from app.openai.errors import APIError
-from app.openai.sse import Named
+from app.http.chat import ChatRequest, ChatService, PreparedChat
+from app.http.errors import APIError
+from app.http.planning import check_model
+from app.http.sse import Named
 from app.output import ChoicePipeline, ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 from app.text.reasoning import CLOSE_TAG
 
@@ -210,12 +209,12 @@ def usage(stats: GenerationStats) -> dict[str, Any]:
 
 
 class Messages:
-    def __init__(self, chat: ChatCompletions):
+    def __init__(self, chat: ChatService):
         self.chat = chat
         self.model = chat.model
 
-    def chat_request(self, request: MessagesRequest) -> ChatCompletionRequest:
-        return ChatCompletionRequest(
+    def chat_request(self, request: MessagesRequest) -> ChatRequest:
+        return ChatRequest(
             model=request.model, messages=request.messages, params=request.params, stream=request.stream,
             include_usage=False, tools=request.tools, parallel_tool_calls=request.parallel_tool_calls,
             tool_choice=request.tool_choice, forced_tool=request.forced_tool,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.openai.sse import Named
+from app.http.sse import Named
 
 
 def usage(input_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, Any]:

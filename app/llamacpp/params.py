@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from app.openai.errors import invalid_value
-from app.openai.fields import Fields
-from app.openai.generation_params import GenerationParams, parse_generation_params
-from app.openai.sessions import parse_session_id
+from app.http.errors import invalid_value
+from app.http.fields import Fields
+from app.http.generation_params import GenerationParams, parse_generation_params
+from app.http.sessions import parse_session_id
 
 MAX_N_CMPL = 8
 MAX_RESPONSE_FIELDS = 64

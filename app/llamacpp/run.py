@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from app.engine import CancelToken, GenerationRequest, GenerationStats
+from app.http.planning import choice_generation, plan_generation, timings
 from app.model_host import ServedModel
-from app.openai.common import choice_generation, plan_generation, timings
 from app.output import ChoicePipeline, OutputOptions, PromptProgress
 
 from .params import LlamaParams, pick_fields

@@ -35,6 +35,8 @@ _NAMES = {
     "repo": ("<|repo_name|>", "<reponame>"),
     "file_sep": ("<|file_sep|>", "<file_sep>"),
 }
+# The tokens a model needs to infill, as an error names them.
+REQUIRED = ", ".join(_NAMES[part][0] for part in ("prefix", "suffix", "middle"))
 REPO_NAME = "myproject"  # the repository line's name when the client gives none (as llama.cpp)
 
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from app.anthropic.protocol import parse_messages_request
-from app.openai.errors import APIError
+from app.http.errors import APIError
 
 IMG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
 USER_BLOCKS = {

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 from anthropic.types import Message, RawMessageStreamEvent
 from app.anthropic.protocol import parse_count_tokens_request, parse_messages_request
 from app.anthropic.serving import ContentBlocks, thinking_signature
-from app.openai.errors import APIError
+from app.http.errors import APIError
 from app.output import ContentDelta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 
 CLAUDE_CODE = json.loads((Path(__file__).parent / "claude_code_request.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 from app import validation
 from app.anthropic.protocol import parse_messages_request
 from app.openai.chat.protocol import parse_chat_request
-from app.openai.errors import APIError, to_api_error
+from app.http.errors import APIError, to_api_error
 from app.openai.responses.protocol import parse_responses_request
 from app.tools.coerce import _json_or_python
 

@@ -10,7 +10,7 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from app.openai.errors import APIError
+from app.http.errors import APIError
 from app.openai.responses.protocol import ToolRef, items_to_messages, parse_responses_request, prompt_names
 from app.openai.responses.serving import OutputWriter
 from app.output import ContentDelta, ToolArgumentsDelta, ToolCallStart

@@ -1,5 +1,6 @@
-"""Each tool-call format's markup is spelled once, in its module under app/tools/formats/; other
-modules import it. Docstrings and comments may name the markup; code may not spell it."""
+"""Each tool-call format's markup is spelled once, in its module under app/tools/formats/, and the
+FIM tokens in app/text/fim.py; other modules import them. Docstrings and comments may name the
+markup; code may not spell it."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ def test_markup_is_spelled_only_in_its_format_module():
                     where.setdefault(token, set()).add(str(path.relative_to(APP)))
     for token, paths in where.items():
         assert len(paths) == 1 and all(p.startswith("tools/formats/") for p in paths), (token, sorted(paths))
+
+
+FIM_MARKUP = ("<|fim_", "<fim_", "<|file_sep|>", "<file_sep>", "<|repo_name|>", "<reponame>")
+
+
+def test_fim_tokens_are_spelled_only_in_the_fim_module():
+    where: dict[str, set[str]] = {}
+    for path in APP.rglob("*.py"):
+        for node in _code_strings(ast.parse(path.read_text(), str(path))):
+            for token in FIM_MARKUP:
+                if token in node.value:
+                    where.setdefault(token, set()).add(str(path.relative_to(APP)))
+    for token, paths in where.items():
+        assert paths == {"text/fim.py"}, (token, sorted(paths))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from app.openai.errors import invalid_value
-from app.openai.fields import Fields
+from app.http.errors import invalid_value
+from app.http.fields import Fields
 
 from ..params import LlamaParams, parse_llama_params
 

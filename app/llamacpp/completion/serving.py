@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from app.engine import CancelToken
+from app.http.errors import invalid_value
+from app.http.generation_params import check_token_ids
+from app.http.planning import check_model, check_token_list, vocab_limit
 from app.model_host import ServedModel
-from app.openai.common import check_model, check_token_list, vocab_limit
-from app.openai.errors import invalid_value
-from app.openai.generation_params import check_token_ids
 from app.output import OutputOptions
 
 from ..run import LlamaRun, Task, plan

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from app.engine import CancelToken
+from app.http.generation_params import check_token_ids
+from app.http.planning import check_model, fim_generation, fim_reserve, fit_fim_prompt
 from app.model_host import ServedModel
-from app.openai.common import check_model, fim_generation, fim_reserve, fit_fim_prompt
-from app.openai.generation_params import check_token_ids
 from app.output import OutputOptions
 
 from ..run import LlamaRun, Task, plan

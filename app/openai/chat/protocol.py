@@ -1,56 +1,28 @@
-"""The chat completion request: parsed and validated, nothing else."""
+"""The chat completion request: parsed and validated into the shared ChatRequest, nothing else."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from app import validation
+from app.http.chat import MAX_MESSAGES, ChatRequest, ResponseFormat
+from app.http.errors import invalid_value
+from app.http.fields import Fields, message_list
+from app.http.generation_params import parse_generation_params
+from app.http.sessions import parse_session_id
 
-from ..errors import invalid_value
-from ..fields import Fields, message_list, parse_stream
-from ..generation_params import GenerationParams, parse_generation_params
-from ..sessions import parse_session_id
+from ..stream_options import parse_stream
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Optional message fields a template writes as text: a string when present.
 STRING_FIELDS = ("name", "tool_call_id", "reasoning_content")
-MAX_MESSAGES = 4096
 MAX_CHOICES = 8
 
 # Fields OpenAI treats as bookkeeping: accepted, and they change nothing.
 METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
-@dataclass(frozen=True)
-class ResponseFormat:
-    """response_format json_object (schema None: any JSON object) or json_schema."""
-
-    schema: dict[str, Any] | None
-    name: str | None = None
-
-
-@dataclass(frozen=True)
-class ChatCompletionRequest:
-    model: str | None
-    messages: list[dict[str, Any]]
-    params: GenerationParams
-    stream: bool
-    include_usage: bool
-    tools: list[dict[str, Any]] | None
-    parallel_tool_calls: bool
-    tool_choice: str  # "auto", "none", "required", or "function" (then forced_tool names it)
-    forced_tool: str | None
-    response_format: ResponseFormat | None
-    logprobs: bool
-    top_logprobs: int
-    n: int
-    template_kwargs: dict[str, Any]
-    session_id: str | None = None  # body `session_id`, else a session header (app/openai/sessions.py)
-    return_progress: bool = False  # llama.cpp's: stream prompt_progress chunks while the prompt is read
-
-
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
+def parse_chat_request(body: Any) -> ChatRequest:
     f = Fields.of(body)
     model = f.string("model", None)
     messages = _messages(f.raw("messages"))
@@ -73,7 +45,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     for name in METADATA_FIELDS:
         f.raw(name)
     _refuse_unknown(f)
-    return ChatCompletionRequest(
+    return ChatRequest(
         model=model,
         messages=messages,
         params=params,

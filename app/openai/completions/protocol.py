@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ..errors import APIError, invalid_value
-from ..fields import Fields, parse_stream
+from app.http.errors import APIError, invalid_value
+from app.http.fields import Fields
+from app.http.generation_params import GenerationParams, parse_generation_params
+from app.http.sessions import parse_session_id
+
 from ..chat.protocol import MAX_CHOICES
-from ..generation_params import GenerationParams, parse_generation_params
-from ..sessions import parse_session_id
+from ..stream_options import parse_stream
 
 MAX_PROMPTS = 8
 MAX_LOGPROBS = 5  # OpenAI's limit for this route
@@ -27,7 +29,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     echo: bool
-    session_id: str | None = None  # body `session_id`, else a session header (app/openai/sessions.py)
+    session_id: str | None = None  # body `session_id`, else a session header (app/http/sessions.py)
     n: int = 1  # choices per prompt
     logprobs: int | None = None  # legacy logprobs: report this many alternatives (0-5) per token
     return_progress: bool = False  # llama.cpp's: stream prompt_progress chunks while the prompt is read

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from ..cancel import editor_key
-from ..generation_resource import GenerationResource
+from app.http.cancel import editor_key
+from app.http.generation_resource import GenerationResource
+
+from ..errors import error_event
 from .protocol import parse_completion_request
 from .serving import Completions
 
@@ -12,4 +14,5 @@ def completions_resource(service: Completions, max_body_bytes: int, *,
                          sse_keepalive: float = 0.0) -> GenerationResource:
     # fill in the middle (a `suffix`) is an editor's: its next one supersedes the one in flight
     return GenerationResource(parse_completion_request, service, max_body_bytes, sse_keepalive=sse_keepalive,
+                              error_event=error_event,
                               supersede=lambda req, request: editor_key(req) if request.suffix is not None else None)

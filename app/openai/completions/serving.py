@@ -10,12 +10,13 @@ from typing import Any, Iterator
 from app.engine import CancelToken, GenerationRequest
 from app.model_host import ServedModel
 from app.output import ChoicePipeline, OutputOptions, PromptProgress
+from app.http.errors import invalid_value
+from app.http.generation_params import check_token_ids
+from app.http.planning import (check_model, check_token_list, choice_generation, fim_generation, fim_prompt,
+                               fim_reserve, plan_generation, timings, vocab_limit)
 
-from ..common import check_model, fim_generation, fim_prompt, check_token_list, choice_generation, plan_generation, timings, usage, vocab_limit
-from ..common import fim_reserve
-from ..errors import invalid_value
-from ..generation_params import check_token_ids
 from ..logprobs import LegacyLogprobs
+from ..usage import usage
 from . import shapes
 from .protocol import DEFAULT_MAX_TOKENS, CompletionRequest, Prompt
 

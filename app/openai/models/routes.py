@@ -6,9 +6,8 @@ import time
 
 import falcon
 
+from app.http.errors import APIError
 from app.model_host import ServedModel
-
-from ..errors import APIError
 
 
 def model_card(model: ServedModel, created: int) -> dict:

@@ -3,7 +3,7 @@
 `input` items become chat messages in the convention the chat templates read (the
 one app/openai/chat/protocol.py produces): system/user/assistant/tool roles, string
 content, assistant `tool_calls` with arguments as an object, tool messages with
-`tool_call_id`. serving.py turns the whole into a ChatCompletionRequest.
+`tool_call_id`. serving.py turns the whole into a ChatRequest.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from typing import Any
 
 from app import validation
 from app.engine import SamplingParams
-
-from ..chat.protocol import ResponseFormat
-from ..errors import APIError, invalid_value
-from ..fields import Fields
-from ..generation_params import GenerationParams
-from ..sessions import parse_session_id
+from app.http.chat import ResponseFormat
+from app.http.errors import APIError, invalid_value
+from app.http.fields import Fields
+from app.http.generation_params import GenerationParams
+from app.http.sessions import parse_session_id
 
 log = logging.getLogger("etserve")
 

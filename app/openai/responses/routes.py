@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import falcon
 
-from ..errors import APIError, to_api_error
-from ..generation_resource import GenerationResource
-from ..sessions import client_of
-from ..sse import Event, Named
+from app.http.errors import APIError, to_api_error
+from app.http.generation_resource import GenerationResource
+from app.http.sessions import client_of
+from app.http.sse import Event, Named
+
 from . import shapes
 from .protocol import parse_responses_request
 from .serving import Responses, not_found

@@ -1,5 +1,5 @@
 """The Responses API on the shared chat pipeline: a ResponsesRequest becomes a
-ChatCompletionRequest (prompt, plan, grammar: ChatCompletions.prepare), its one choice's
+ChatRequest (prompt, plan, grammar: ChatService.prepare), its one choice's
 deltas become output items and the typed events that announce them.
 
 The whole response is the fold of the same events a stream sends (OutputWriter), so the
@@ -18,13 +18,12 @@ from typing import Any, Iterator
 
 from app import validation
 from app.engine import CancelToken
+from app.http.chat import ChatRequest, ChatService, PreparedChat
+from app.http.errors import APIError, to_api_error
+from app.http.sessions import scoped
+from app.http.sse import Named
 from app.output import ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 
-from ..chat.protocol import ChatCompletionRequest
-from ..chat.serving import ChatCompletions, PreparedChat
-from ..errors import APIError, to_api_error
-from ..sessions import scoped
-from ..sse import Named
 from . import shapes
 from .protocol import ResponsesRequest, ToolRef, items_to_messages, prompt_names
 from .store import ResponseStore, StoredResponse
@@ -55,7 +54,7 @@ def not_found(response_id: str) -> APIError:
 
 
 class Responses:
-    def __init__(self, chat: ChatCompletions, store: ResponseStore):
+    def __init__(self, chat: ChatService, store: ResponseStore):
         self.chat = chat
         self.store = store
 
@@ -80,7 +79,7 @@ class Responses:
         # id), if it can go on (a response not stored cannot be continued by previous_response_id).
         session_id = request.session_id or (previous.session_id if previous else None) \
             or (scoped(response_id, request.owner) if request.store else None)
-        chat_request = ChatCompletionRequest(
+        chat_request = ChatRequest(
             model=request.model, messages=_with_instructions(request.instructions, history), params=request.params,
             stream=request.stream, include_usage=False, tools=request.tools,
             parallel_tool_calls=request.parallel_tool_calls, tool_choice=request.tool_choice,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import APIError, invalid_value
-from ..fields import Fields
+from app.http.errors import APIError, invalid_value
+from app.http.fields import Fields
 
 MAX_TOKENS_IN = 1 << 20
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import falcon
 
-from ..body import read_json
+from app.http.body import read_json
+
 from ..chat.protocol import parse_chat_request
 from .protocol import parse_detokenize_request, parse_tokenize_request
 from .serving import Tokenization

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.http.chat import ChatRequest, ChatService
+from app.http.planning import check_model, check_token_list
 from app.model_host import ServedModel
 
-from ..chat.protocol import ChatCompletionRequest
-from ..chat.serving import ChatCompletions
-from ..common import check_model, check_token_list
 from .protocol import DetokenizeRequest, TokenizeRequest
 
 
 class Tokenization:
-    def __init__(self, model: ServedModel, chat: ChatCompletions):
+    def __init__(self, model: ServedModel, chat: ChatService):
         self.model = model
         self.chat = chat
 
@@ -32,7 +31,7 @@ class Tokenization:
         text = self.model.tokenizer.decode(request.tokens)
         return {"content": text, "prompt": text}  # llama.cpp's name, vLLM's name
 
-    def apply_template(self, request: ChatCompletionRequest) -> dict[str, Any]:
+    def apply_template(self, request: ChatRequest) -> dict[str, Any]:
         """The prompt a chat completion with these messages, tools and template kwargs would run on."""
         check_model(self.model, request.model)
         return {"prompt": self.chat.render_prompt(request)}

@@ -1,5 +1,6 @@
-"""What every completion route shares once a request is parsed: the model
-check, fitting a prompt and its max_tokens into the context, and usage."""
+"""What every generating route shares once a request is parsed: the model and token-id checks,
+fitting a prompt and its max_tokens into the context, FIM prompts, each choice's generation, and
+the `timings` of a request (llama.cpp's object, which the OpenAI routes send too)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from app.engine import GenerationRequest, GenerationStats
 from app.model_host import ServedModel
+from app.text import fim
 
 from .errors import APIError, invalid_value
 from .generation_params import GenerationParams
@@ -80,8 +82,8 @@ def fit_fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, 
     """fim_prompt, and whether the prompt was trimmed to leave `reserve` tokens of the context
     for the middle (editors send more context than fits and expect the server to cut it)."""
     if model.fim is None:
-        raise APIError(400, f"the model '{model.id}' has no fill-in-the-middle tokens (<|fim_prefix|>, "
-                       "<|fim_suffix|>, <|fim_middle|>): it cannot infill", code="fim_not_supported", param=param)
+        raise APIError(400, f"the model '{model.id}' has no fill-in-the-middle tokens ({fim.REQUIRED}): "
+                       "it cannot infill", code="fim_not_supported", param=param)
     if reserve is None:
         return model.fim.prompt(model.tokenizer, prefix, suffix, extra=extra, typed=typed), False
     budget = max(8, model.context_length - max(1, reserve))
@@ -107,20 +109,6 @@ def choice_generation(generation: GenerationRequest, index: int) -> GenerationRe
     if index and generation.sampling.seed is not None:
         return replace(generation, sampling=replace(generation.sampling, seed=generation.sampling.seed + index))
     return generation
-
-
-def usage(*stats: GenerationStats, shared_prompt: bool = False) -> dict[str, Any]:
-    """OpenAI's usage object over one or more generations; with `shared_prompt` (n choices
-    of one prompt) the prompt counts once."""
-    counted = stats[:1] if shared_prompt else stats
-    prompt = sum(s.prompt_tokens for s in counted)
-    completion = sum(s.completion_tokens for s in stats)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in counted)},
-    }
 
 
 def timings(*stats: GenerationStats) -> dict[str, Any]:

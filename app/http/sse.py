@@ -2,7 +2,8 @@
 
 OpenAI's chat and completions streams send bare `data:` lines and end with `data: [DONE]`;
 the Responses and Messages APIs name each event (`event: response.created`) and send no
-[DONE]. A service yields dicts, or `Named` events; `sse_stream` writes either.
+[DONE]. A service yields dicts, or `Named` events; `sse_stream` writes either, and an error
+after the headers in the shape of the route's API (its `error_event`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Union
 
 from app.engine.offload import gevent_active
-
-from .errors import to_api_error
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients and the OpenAI SDK skip it
@@ -37,14 +36,9 @@ def event(payload: Event) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-def openai_error_event(ex: Exception) -> Event:
-    return to_api_error(ex).to_dict()
-
-
-def sse_stream(events: Iterator[Event], *, keepalive: float = 0.0,
+def sse_stream(events: Iterator[Event], *, error_event: Callable[[Exception], Event], keepalive: float = 0.0,
                on_abandon: Callable[[], None] | None = None,
                on_close: Callable[[], None] | None = None,
-               error_event: Callable[[Exception], Event] = openai_error_event,
                done: bool = True, keepalive_event: Callable[[], Event] | None = None) -> Iterator[bytes]:
     """The response body for `events`: each as a `data:` line (after an `event:` line if it is
     `Named`), then `data: [DONE]` unless `done` is False.

@@ -1,4 +1,5 @@
-"""The grammar a chat request's output must follow, from tool_choice and response_format.
+"""The grammar a chat request's output must follow (any chat-like API's), from tool_choice and
+response_format.
 
 - tool_choice "required": one or more calls (one if parallel_tool_calls is false)
   to the offered tools; a named function: exactly one call to it.
@@ -10,16 +11,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.grammar import Grammar, GrammarCompiler, GrammarError, json_grammar, output_grammar
 from app.tools import hermes
 
-from ..errors import invalid_value
-from .protocol import ChatCompletionRequest
+from .errors import invalid_value
+
+if TYPE_CHECKING:
+    from .chat import ChatRequest
 
 
-def output_constraint(request: ChatCompletionRequest, compiler: GrammarCompiler) -> Grammar | None:
+def output_constraint(request: ChatRequest, compiler: GrammarCompiler) -> Grammar | None:
     """The compiled grammar for `request`, None if its output is free; a 400 naming the
     parameter whose schema cannot be enforced."""
     tools = request.tools or []

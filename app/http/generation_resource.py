@@ -9,7 +9,7 @@ import falcon
 from .body import read_json
 from .cancel import cancel_token_for
 from .sessions import with_header_session
-from .sse import HEADERS, Event, openai_error_event, sse_stream
+from .sse import HEADERS, Event, sse_stream
 
 # The WSGI environ key gunicorn's access log line prints (gunicorn.conf.py: %({etserve.generation}e)s)
 LOG_KEY = "etserve.generation"
@@ -29,12 +29,12 @@ def generation_log(generations) -> str:
 class GenerationResource:
     """`parse` validates the body; `service` has prepare(request), complete(...) and stream(...).
 
-    `error_event` and `done` shape the stream's end for APIs other than OpenAI's chat and
-    completions (an error after the start in the API's own shape; no `data: [DONE]`).
+    `error_event` and `done` shape the stream's end in the route's API: an error after the start
+    in the API's own shape; `data: [DONE]` last, or not.
     """
 
-    def __init__(self, parse: Callable[[Any], Any], service, max_body_bytes: int, *, sse_keepalive: float = 0.0,
-                 error_event: Callable[[Exception], Event] = openai_error_event, done: bool = True,
+    def __init__(self, parse: Callable[[Any], Any], service, max_body_bytes: int, *,
+                 error_event: Callable[[Exception], Event], sse_keepalive: float = 0.0, done: bool = True,
                  supersede: Callable[[falcon.Request, Any], str | None] | None = None):
         self.parse = parse
         self.service = service
