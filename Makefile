@@ -17,7 +17,7 @@ JOBS ?= 2
 MAKEFLAGS += -j$(JOBS)
 PARALLEL_EXPORTS ?= $(shell awk '/^MemTotal:/ {print ($$2 >= 16 * 1024 * 1024) ? 1 : 0}' /proc/meminfo 2>/dev/null)
 
-.PHONY: help setup native model test-model test-model-small serve test bench bench-peer clean system-packages wheel serve-only agents
+.PHONY: help setup native model test-model test-model-small serve test bench bench-peer clean system-packages wheel wheel-aarch64 serve-only agents
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page, the aarch64 cross compiler and user-mode emulation (the native
@@ -30,7 +30,8 @@ help:
 	@echo "make test    set up, build the native library and the test model, run the tests"
 	@echo "make setup   virtualenv + packages only;  make native   the C++ runtime only"
 	@echo "             (two jobs at a time by default: JOBS=1 for one)"
-	@echo "make wheel   dist/etserve-*.whl: a platform wheel carrying the native runtime (no compiler on the box)"
+	@echo "make wheel   dist/etserve-*.whl: a platform wheel carrying the native runtime (no compiler on the box);"
+	@echo "             on x86-64 with the aarch64 cross compiler the linux_aarch64 one too (make wheel-aarch64)"
 	@echo "make serve-only   that wheel without extras in $(SERVE_VENV)/ (no torch): what a serving box installs"
 	@echo "make bench   the table of ratios (bench/report.py), against llama.cpp too; builds no model"
 	@echo "make bench-peer  build llama.cpp's server once into ~/.cache/etserve/peer (bench/peer.py)"
@@ -109,19 +110,48 @@ test: $(VENV)/.installed test-model native system-packages agents
 # A platform wheel, dist/etserve-VERSION-py3-none-PLATFORM.whl: the app plus libetserve.so and the
 # ExecuTorch runtime libraries it links, compiled by setup.py against this venv's pinned executorch
 # (hence no build isolation: an isolated build could not see it). The same sources give the same bytes.
+# On an x86-64 machine with the aarch64 cross compiler (system-packages), the linux_aarch64 wheel too
+# (wheel-aarch64); without it, only this machine's.
+HOST_PLAT = $$($(PY) -c 'import sysconfig; print(sysconfig.get_platform().replace("-", "_").replace(".", "_"))')
+AARCH64_CXX ?= aarch64-linux-gnu-g++
 wheel: $(VENV)/.installed
 	rm -f dist/etserve-*.whl
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
 		$(PIP) wheel . --no-deps --no-build-isolation --quiet -w dist
+	@if [ "$$(uname -m)" != aarch64 ] && command -v $(AARCH64_CXX) >/dev/null; then \
+		$(MAKE) --no-print-directory wheel-aarch64; \
+	else echo "make wheel: no $(AARCH64_CXX) (make system-packages): no aarch64 wheel"; fi
 	@ls -l dist/etserve-*.whl
+
+# dist/etserve-VERSION-py3-none-linux_aarch64.whl, cross-built (docs/deployment.md, "Other
+# architectures"): libetserve.so compiled by $(AARCH64_CXX) (its aarch64 kernel sets: scalar, NEON,
+# NEON with dot products, chosen at load) and linked against the runtime libraries of the aarch64
+# executorch wheel of setup.cfg's pin, which it ships as the x86-64 wheel ships the x86-64 ones.
+# That wheel is downloaded once (pip download: only its include/ and lib/ are used) into build/.
+ET_PIN = $$(sed -n 's/^ *executorch *== *\([^ ;]*\).*/\1/p' setup.cfg | head -1)
+ET_AARCH64 := build/executorch-aarch64
+wheel-aarch64: $(VENV)/.installed
+	rm -f dist/etserve-*-linux_aarch64.whl
+	@pin=$(ET_PIN); if [ ! -f $(ET_AARCH64)/executorch-$$pin.dist-info/METADATA ]; then \
+		rm -rf $(ET_AARCH64) && mkdir -p $(ET_AARCH64)/download && \
+		$(PIP) download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_aarch64 \
+			--python-version $$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
+			"executorch==$$pin" -d $(ET_AARCH64)/download && \
+		$(PY) -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+			z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith(("executorch/include/", "executorch/lib/", "executorch-"))])' \
+			$(ET_AARCH64)/download/executorch-$$pin-*.whl $(ET_AARCH64) && rm -rf $(ET_AARCH64)/download; \
+	fi
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+	ETSERVE_EXECUTORCH_DIR=$(abspath $(ET_AARCH64))/executorch CXX=$(AARCH64_CXX) ETSERVE_WHEEL_PLAT=linux_aarch64 \
+		$(PIP) wheel . --no-deps --no-build-isolation --quiet -w dist
 
 # What a serving box installs (docs/deployment.md, "Serve-only install"): that wheel and its dependencies, no
 # extras, so no torch, transformers, gguf, executorch or compiler. `$(SERVE_VENV)/bin/etserve` serves.
 SERVE_VENV ?= serve-venv
 serve-only: wheel
 	test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
-	$(SERVE_VENV)/bin/pip install --quiet dist/etserve-*.whl
-	$(SERVE_VENV)/bin/pip install --quiet --no-deps --force-reinstall dist/etserve-*.whl
+	$(SERVE_VENV)/bin/pip install --quiet dist/etserve-*-$(HOST_PLAT).whl
+	$(SERVE_VENV)/bin/pip install --quiet --no-deps --force-reinstall dist/etserve-*-$(HOST_PLAT).whl
 	@du -sh $(SERVE_VENV)
 
 # Measures what is already built (the venv, native/build, the cached models): builds no model.

@@ -10,10 +10,14 @@
 // AVX-512 VNNI tile's 16-bit weights) and, on the AVX-512 VNNI decode kernel (one query row, at
 // most 8 query heads per kv head, head dim 64 or 128), whose weights are 8-bit per 64-key block,
 // 0.3 (test_llm_ops.py checks that kernel exactly against an emulation of its rounding); for the
-// linear, a few float32 ulps of its largest partial sums.
+// linear, a few float32 ulps of its largest partial sums; on aarch64 the NEON sets' linear is
+// also compared with the scalar set's, bit for bit.
 #include "attention.h"
 #include "kernel_isa.h"
 #include "linear_q4.h"
+#if defined(__aarch64__)
+#include "kernel_table.h"  // the scalar set's linear_q4, which the NEON sets match bit for bit
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -246,7 +250,16 @@ bool check_linear(int M, int K, int N, bool with_bias) {
       worst_excess = std::isnan(err) ? INFINITY : std::max(worst_excess, err - bound);
     }
   }
-  const bool ok = worst_excess <= 0;
+  bool ok = worst_excess <= 0;
+#if defined(__aarch64__)
+  // linear_q4_neon.cpp does the portable loops' arithmetic lane for lane: the same bits.
+  std::vector<float> ref(size_t(M) * N, NAN);
+  ets_kernels_scalar.linear_q4(x.data(), M, K, packed.data(), scales.data(), row_sums.data(),
+                               with_bias ? bias.data() : nullptr, N, ref.data());
+  const bool same = std::memcmp(ref.data(), out.data(), out.size() * sizeof(float)) == 0;
+  if (!same) std::printf("FAIL linear_q4 M%d K%d N%d: not bit-identical to the scalar kernels\n", M, K, N);
+  ok = ok && same;
+#endif
   if (!ok || g_verbose)
     std::printf("%s linear_q4 M%d K%d N%d%s: max error %.3g\n", ok ? "ok  " : "FAIL", M, K, N,
                 with_bias ? " bias" : "", worst);

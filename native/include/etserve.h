@@ -87,8 +87,8 @@ ETS_API int ets_get_num_threads(void);
  * environment sets ETSERVE_ATTENTION=generic. */
 ETS_API int ets_attention_kernel(int want);
 
-/* The vector instructions the library was built for (its -march): "avx512-vnni",
- * "avx512", "avx2" or "scalar". The kernels pick their paths by it at build time. */
+/* The vector instructions of the kernel set this process runs (chosen at load from the CPU):
+ * "avx512-vnni", "avx2" or "scalar" on x86-64; "neon-dotprod", "neon" or "scalar" on aarch64. */
 ETS_API const char* ets_vector_isa(void);
 
 /* Opens a .pte and loads its forward method; NULL on failure with `err` filled

@@ -15,6 +15,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "isa.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -687,7 +688,7 @@ void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t 
   pick(a)(a, b, i, j0, j1, m, l, acc);
 }
 
-#else  // no AVX2: attention.cpp's generic tile runs these rows
+#elif !defined(ETS_NEON)  // no AVX2 nor NEON (attention_decode_neon.cpp): attention.cpp's generic tile runs these rows
 
 bool decode_attention_applies(const AttnArgs&) { return false; }
 

@@ -22,7 +22,7 @@
 namespace etserve {
 
 // Whether attend_decode can run query rows of `a` (any row count: it runs one
-// row at a time). Needs AVX2 and FMA at compile time.
+// row at a time). Needs AVX2 and FMA at compile time, or NEON (attention_decode_neon.cpp).
 bool decode_attention_applies(const AttnArgs& a);
 
 // Query row i of batch b, every head, over keys [j0, j1) (cut further by the

@@ -10,6 +10,13 @@
 //           there; ETSERVE_ISA=avx512 keeps them off)
 //   avx2    x86-64-v3: AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE (Haswell, Zen 1 and later)
 //   scalar  x86-64: the portable loops
+//
+// aarch64 tiers (from the kernel's hardware capabilities, getauxval(AT_HWCAP); ETSERVE_ISA forces
+// a lower one the same way):
+//   neon-dotprod  ARMv8.2-A dot products (HWCAP_ASIMDDP: SDOT/UDOT; Cortex-A55/A75, Neoverse N1,
+//                 Apple M1, Graviton 2 and later): the dotprod kernel set
+//   neon          Advanced SIMD (HWCAP_ASIMD: every aarch64 Linux CPU, e.g. Cortex-A53/A72)
+//   scalar        the portable loops
 #include "kernel_table.h"
 
 #include "attention.h"
@@ -20,6 +27,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 namespace etserve {
 
@@ -93,6 +104,48 @@ const EtsKernelTable* choose() {
       return &ets_kernels_avx512;
     case kAvx2:
       return &ets_kernels_avx2;
+    default:
+      return &ets_kernels_scalar;
+  }
+}
+#elif defined(__aarch64__)
+enum Tier { kScalar = 0, kNeon = 1, kDotprod = 2 };
+const char* const kTierNames[] = {"scalar", "neon", "neon-dotprod"};
+
+Tier detect() {
+#if defined(__linux__)
+  const unsigned long hw = getauxval(AT_HWCAP);
+  const unsigned long kAsimd = 1ul << 1, kAsimdDp = 1ul << 20;  // HWCAP_ASIMD, HWCAP_ASIMDDP
+  if (!(hw & kAsimd)) return kScalar;
+  return (hw & kAsimdDp) ? kDotprod : kNeon;
+#else
+  return kNeon;  // Advanced SIMD is part of ARMv8-A
+#endif
+}
+
+const EtsKernelTable* choose() {
+  const Tier best = detect();
+  Tier want = best;
+  const char* env = std::getenv("ETSERVE_ISA");
+  if (env != nullptr && *env != '\0' && std::strcmp(env, "native") != 0) {
+    int w = -1;
+    for (int t = kScalar; t <= kDotprod; ++t)
+      if (std::strcmp(env, kTierNames[t]) == 0) w = t;
+    if (std::strcmp(env, "dotprod") == 0) w = kDotprod;
+    if (w < 0) {
+      std::fprintf(stderr, "etserve: ETSERVE_ISA=%s is none of scalar, neon, neon-dotprod: using %s\n", env,
+                   kTierNames[best]);
+    } else if (w > best) {
+      std::fprintf(stderr, "etserve: ETSERVE_ISA=%s: this CPU or OS lacks it; using %s\n", env, kTierNames[best]);
+    } else {
+      want = static_cast<Tier>(w);
+    }
+  }
+  switch (want) {
+    case kDotprod:
+      return &ets_kernels_dotprod;
+    case kNeon:
+      return &ets_kernels_neon;
     default:
       return &ets_kernels_scalar;
   }

@@ -8,3 +8,14 @@
 #if defined(__x86_64__) && !defined(ETS_NO_AMX)
 #define ETS_WITH_AMX 1
 #endif
+
+// ETS_NEON when the kernels of this translation unit may use Advanced SIMD (aarch64; native/Makefile
+// defines ETS_NO_NEON for the aarch64 scalar tier, the portable loops), and ETS_NEON_DOTPROD when
+// they may use the ARMv8.2 int8 dot products too (the dotprod tier: -march=armv8.2-a+dotprod;
+// cpu_tiers.cpp runs it only where the CPU reports HWCAP_ASIMDDP).
+#if defined(__aarch64__) && defined(__ARM_NEON) && !defined(ETS_NO_NEON)
+#define ETS_NEON 1
+#if defined(__ARM_FEATURE_DOTPROD)
+#define ETS_NEON_DOTPROD 1
+#endif
+#endif

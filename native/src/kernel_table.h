@@ -9,7 +9,7 @@
 #include <optional>
 
 struct EtsKernelTable {
-  const char* (*isa)();  // kernel_isa(): "avx512-vnni", "avx2", "scalar", ...
+  const char* (*isa)();  // kernel_isa(): "avx512-vnni", "avx2", "neon-dotprod", "neon", "scalar", ...
   void (*run_attention)(const void* args);  // const etserve::AttnArgs*
   int (*attention_kernel)(int want);
   bool (*amx_supported)();
@@ -29,9 +29,11 @@ struct EtsKernelTable {
 };
 
 // The tables native/Makefile builds for this architecture (x86-64: scalar, avx2, avx512;
-// elsewhere: generic).
+// aarch64: scalar, neon, dotprod; elsewhere: generic).
 #if defined(__x86_64__)
 extern const EtsKernelTable ets_kernels_scalar, ets_kernels_avx2, ets_kernels_avx512;
+#elif defined(__aarch64__)
+extern const EtsKernelTable ets_kernels_scalar, ets_kernels_neon, ets_kernels_dotprod;
 #else
 extern const EtsKernelTable ets_kernels_generic;
 #endif

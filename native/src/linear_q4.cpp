@@ -19,10 +19,12 @@
 // for bit however many rows the call has. Threads split the output features (N) by blocks or panels. Where the CPU has
 // AMX (linear_q4_amx.h), a panel's rows go 16 at a time through TDPBUSD instead, the panel's
 // unpacked weights being its B operand as they are.
-// Without AVX2 (and F16C, FMA): the same arithmetic in scalar code.
+// Without AVX2 (and F16C, FMA): the same arithmetic in scalar code; on aarch64 with Advanced SIMD,
+// linear_q4_neon.cpp's kernels (bit-identical to the scalar code).
 #include "linear_q4.h"
 #include "attention_amx.h"  // amx_attention_supported
 #include "linear_q4_amx.h"
+#include "linear_q4_neon.h"  // ETS_NEON: the aarch64 kernel sets
 #include "simd.h"  // dpbusd
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
@@ -511,6 +513,10 @@ bool linear_q4_amx_enabled() {
 void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, const uint16_t* scales,
                const float* row_sums, const float* bias, int64_t N, float* out) {
   if (M <= 0 || N <= 0) return;
+#if defined(ETS_NEON)
+  linear_q4_neon(x, M, K, weight, scales, row_sums, bias, N, out);
+  return;
+#endif
   thread_local std::vector<uint8_t> xu;
   thread_local std::vector<float> xs;
   thread_local std::vector<int32_t> off;

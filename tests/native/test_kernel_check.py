@@ -14,9 +14,9 @@ import pytest
 NATIVE = Path(__file__).resolve().parents[2] / "native"
 
 
-def make_check(*args, timeout=600):
+def make_check(*args, timeout=600, target="check"):
     proc = subprocess.run(["make", "-C", str(NATIVE), "--no-print-directory", f"PYTHON={sys.executable}",
-                           *args, "check"], capture_output=True, text=True, timeout=timeout)
+                           *args, target], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc.stdout
 
@@ -26,13 +26,75 @@ def test_kernel_check_on_this_machine():
     assert ", 0 failed" in out.splitlines()[-1]
 
 
-def test_kernel_check_on_aarch64_under_emulation():
+def need_aarch64_tools():
     missing = [t for t in ("aarch64-linux-gnu-g++", "qemu-aarch64-static") if shutil.which(t) is None]
     if missing:
         pytest.skip(f"no {' and '.join(missing)} (Debian g++-aarch64-linux-gnu, qemu-user-static: make system-packages)")
+
+
+def test_kernel_check_on_aarch64_under_emulation():
+    need_aarch64_tools()
     out = make_check("ARCH=aarch64")
     last = out.splitlines()[-1]
     assert last.startswith("kernel_check (") and ", 0 failed" in last, out[-2000:]
+
+
+CHECK_AARCH64 = NATIVE / "build" / "check-aarch64" / "kernel_check"
+
+
+# (qemu CPU model, ETSERVE_ISA, the kernel set that must run): qemu's "max" has the ARMv8.2 dot
+# products (HWCAP_ASIMDDP), its Cortex-A53 only Advanced SIMD; ETSERVE_ISA=scalar forces the
+# portable loops. On aarch64 kernel_check also holds the NEON sets' 4-bit linear to the scalar
+# set's bits.
+@pytest.mark.parametrize("cpu,isa,kernels", [
+    ("max", "", "neon-dotprod"),
+    ("cortex-a53", "", "neon"),
+    ("max", "neon", "neon"),
+    ("max", "scalar", "scalar"),
+    ("cortex-a53", "scalar", "scalar"),
+])
+def test_each_aarch64_tier_passes_the_kernel_check_under_emulation(cpu, isa, kernels):
+    need_aarch64_tools()
+    make_check("ARCH=aarch64", target="build/check-aarch64/kernel_check")  # built, run below
+    out = subprocess.run(["qemu-aarch64-static", "-cpu", cpu, str(CHECK_AARCH64)], capture_output=True, text=True,
+                         timeout=600, env={"ETSERVE_ISA": isa, "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert f"kernel_check ({kernels} kernels)" in out.stdout and ", 0 failed" in out.stdout, out.stdout[-2000:]
+
+
+def test_an_aarch64_cpu_without_dot_products_refuses_the_dotprod_tier():
+    """Asked for the dotprod set on a CPU without SDOT/UDOT (qemu's Cortex-A53): the plain NEON set
+    runs, with a message naming what was refused (an UDOT there would be SIGILL)."""
+    need_aarch64_tools()
+    make_check("ARCH=aarch64", target="build/check-aarch64/kernel_check")  # built, run below
+    out = subprocess.run(["qemu-aarch64-static", "-cpu", "cortex-a53", str(CHECK_AARCH64)], capture_output=True,
+                         text=True, timeout=600, env={"ETSERVE_ISA": "neon-dotprod", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "kernel_check (neon kernels)" in out.stdout and ", 0 failed" in out.stdout
+    assert "ETSERVE_ISA=neon-dotprod: this CPU or OS lacks it; using neon" in out.stderr, out.stderr[-2000:]
+
+
+def test_only_the_dotprod_set_has_dot_product_instructions():
+    """The aarch64 objects outside the dotprod kernel set are ARMv8-A: no SDOT/UDOT in them; and the
+    NEON sets' files hold NEON code (the scalar set's are empty)."""
+    need_aarch64_tools()
+    objdump = shutil.which("aarch64-linux-gnu-objdump")
+    if objdump is None:
+        pytest.skip("no aarch64-linux-gnu-objdump (Debian binutils-aarch64-linux-gnu)")
+    make_check("ARCH=aarch64", target="build/check-aarch64/kernel_check")  # built, run below
+    objs = NATIVE / "build" / "obj-aarch64"
+
+    def disasm(paths):
+        return subprocess.run([objdump, "-d", *map(str, paths)], capture_output=True, text=True, check=True).stdout
+
+    others = [p for p in objs.rglob("*.o") if p.parent.name != "dotprod"]
+    others += list((NATIVE / "build" / "check-aarch64").glob("*.o"))
+    assert len(others) > 10
+    assert not [line for line in disasm(others).splitlines() if "\tudot" in line or "\tsdot" in line]
+    assert "\tudot" in disasm([objs / "dotprod" / "linear_q4_neon.o"])
+    neon = disasm([objs / "neon" / "linear_q4_neon.o", objs / "neon" / "attention_decode_neon.o"])
+    assert "umlal" in neon and "fmla" in neon
+    assert "\tfmla" not in disasm([objs / "scalar" / "linear_q4_neon.o", objs / "scalar" / "attention_decode_neon.o"])
 
 
 X86 = subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() == "x86_64"

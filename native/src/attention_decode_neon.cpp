@@ -1,0 +1,287 @@
+// One-query-row attention over int8 KV caches (attention_decode.h) with Advanced SIMD, for the
+// aarch64 kernel sets: the AVX2 kernel's float arithmetic (attention_decode.cpp) in 128-bit
+// vectors. Every query head that shares a kv head walks a 64-key block together: each key row
+// converted once to floats in registers (16 dims at a time) and dotted with the G queries
+// (dequantized, times the softmax scale), the zero point folded in through the query's sum,
+// k_scale * (q . k8 - k_zp * sum(q)); an online softmax per head with a Cephes-style exp; the
+// weights p * v_scale against the value rows converted in registers (8 dims at a time, all G
+// heads' sums in registers), less one correction per block and head, sum(p * v_scale * v_zp).
+// Rows kAhead blocks on are prefetched while a block is worked. The integer dot products of
+// the dotprod tier are not used here (the AVX2 kernel's float path is what the kernel tests
+// bound; an exact int8 score path as the VNNI one is left to do).
+#include "attention_decode.h"
+#include "isa.h"
+
+#if defined(ETS_NEON)
+
+#include "simd.h"  // the exp constants
+
+#include <arm_neon.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace etserve {
+
+namespace {
+
+constexpr int64_t kBlock = 64;  // keys per block: its scores stay in L1
+constexpr int64_t kAhead = 2;   // blocks between the rows prefetched and the rows worked
+constexpr int kMaxG = 8, kMaxD = 128, kMaxH = 64;
+
+struct alignas(64) Scratch {
+  float q[kMaxH * kMaxD];    // queries, dequantized and times the softmax scale
+  float acc[kMaxH * kMaxD];  // unnormalized weighted sums
+  float qsum[kMaxH], m[kMaxH], l[kMaxH];
+  float s[kMaxG * kBlock];  // one kv head's block: scores, then weights
+  float ksc[kBlock], kzp[kBlock], vsc[kBlock], vzp[kBlock];
+  float zc[kMaxG];
+};
+
+Scratch& scratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+// e^x for x <= 0 (or -inf: ~1e-38), as simd.h's exp256: x = n ln2 + r, a degree-6 polynomial
+// for e^r, 2^n through the exponent bits.
+inline float32x4_t exp4(float32x4_t x) {
+  using namespace simd;
+  x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(kExpMin)), vdupq_n_f32(kExpMax));
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(kLog2e)));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(kLn2Hi));
+  r = vfmsq_f32(r, n, vdupq_n_f32(kLn2Lo));
+  float32x4_t p = vdupq_n_f32(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = vfmaq_f32(vdupq_n_f32(kExpPoly[i]), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.f)), p, vmulq_f32(r, r));
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+// 16 int8 -> four vectors of 4 floats.
+inline void cvt16(const int8_t* p, float32x4_t f[4]) {
+  const int8x16_t b = vld1q_s8(p);
+  const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+  f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+  f[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+  f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+  f[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
+}
+
+// Adds m[0..n) to p (if m) and returns max(p) (-inf for n == 0).
+inline float add_max(float* p, const float* m, int64_t n) {
+  float32x4_t vm = vdupq_n_f32(-INFINITY);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    float32x4_t x = vld1q_f32(p + j);
+    if (m) {
+      x = vaddq_f32(x, vld1q_f32(m + j));
+      vst1q_f32(p + j, x);
+    }
+    vm = vmaxq_f32(vm, x);
+  }
+  float mx = vmaxvq_f32(vm);
+  for (; j < n; ++j) {
+    if (m) p[j] += m[j];
+    mx = std::max(mx, p[j]);
+  }
+  return mx;
+}
+
+// Block [jb, jb + len) of kv head g for its G query heads (state at t0 = g * G).
+template <int G, int D>
+inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, int64_t jb, int64_t len,
+                         int64_t n_ahead, const float* mrow) {
+  const int64_t t0 = g * G;
+  const AttnOperand &K = a.k, &V = a.v;
+  const int8_t* kd = K.i8 + b * K.sb + g * K.sh;
+  const int8_t* vd = V.i8 + b * V.sb + g * V.sh;
+  const float* ks = K.scale + b * K.sc_sb + g * K.sc_sh;
+  const float* vs = V.scale + b * V.sc_sb + g * V.sc_sh;
+  const int8_t* kz = K.zero_point + b * K.zp_sb + g * K.zp_sh;
+  const int8_t* vz = V.zero_point + b * V.zp_sb + g * V.zp_sh;
+  for (int64_t j = 0; j < len; ++j) {
+    sc.ksc[j] = ks[(jb + j) * K.sc_ss];
+    sc.kzp[j] = static_cast<float>(kz[(jb + j) * K.zp_ss]);
+    sc.vsc[j] = vs[(jb + j) * V.sc_ss];
+    sc.vzp[j] = static_cast<float>(vz[(jb + j) * V.zp_ss]);
+  }
+
+  // Scores: per key row, its D int8 converted 16 at a time and dotted with every head's query.
+  for (int64_t j = 0; j < len; ++j) {
+    const int8_t* kr = kd + (jb + j) * K.ss;
+    if (j < n_ahead) {
+      for (int o = 0; o < D; o += 64) {
+        __builtin_prefetch(kr + kAhead * kBlock * K.ss + o);
+        __builtin_prefetch(vd + (jb + kAhead * kBlock + j) * V.ss + o);
+      }
+    }
+    float32x4_t x[G][2];
+    for (int h = 0; h < G; ++h) x[h][0] = x[h][1] = vdupq_n_f32(0.f);
+    for (int c = 0; c < D; c += 16) {
+      float32x4_t k[4];
+      cvt16(kr + c, k);
+      for (int h = 0; h < G; ++h) {
+        const float* q = sc.q + (t0 + h) * D + c;
+        x[h][0] = vfmaq_f32(x[h][0], vld1q_f32(q), k[0]);
+        x[h][1] = vfmaq_f32(x[h][1], vld1q_f32(q + 4), k[1]);
+        x[h][0] = vfmaq_f32(x[h][0], vld1q_f32(q + 8), k[2]);
+        x[h][1] = vfmaq_f32(x[h][1], vld1q_f32(q + 12), k[3]);
+      }
+    }
+    for (int h = 0; h < G; ++h)
+      sc.s[h * kBlock + j] = sc.ksc[j] * (vaddvq_f32(vaddq_f32(x[h][0], x[h][1])) - sc.kzp[j] * sc.qsum[t0 + h]);
+  }
+
+  // Online softmax; the weights times the value scales, and their zero-point correction.
+  for (int h = 0; h < G; ++h) {
+    const int64_t t = t0 + h;
+    float* srow = sc.s + h * kBlock;
+    const float bm = add_max(srow, mrow ? mrow + jb : nullptr, len);
+    const float mn = std::max(sc.m[t], bm);
+    if (!(mn > -INFINITY)) {  // everything so far masked out
+      std::fill(srow, srow + len, 0.f);
+      sc.zc[h] = 0.f;
+      continue;
+    }
+    const float corr = sc.m[t] > -INFINITY ? std::exp(sc.m[t] - mn) : 0.f;
+    if (corr != 1.f) {
+      float* acc = sc.acc + t * D;
+      const float32x4_t vc = vdupq_n_f32(corr);
+      for (int d = 0; d < D; d += 4) vst1q_f32(acc + d, vmulq_f32(vld1q_f32(acc + d), vc));
+    }
+    const float32x4_t vmn = vdupq_n_f32(mn);
+    float32x4_t vsum = vdupq_n_f32(0.f), vzc = vsum;
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4) {
+      const float32x4_t e = exp4(vsubq_f32(vld1q_f32(srow + j), vmn));
+      const float32x4_t w = vmulq_f32(e, vld1q_f32(sc.vsc + j));
+      vst1q_f32(srow + j, w);
+      vsum = vaddq_f32(vsum, e);
+      vzc = vfmaq_f32(vzc, w, vld1q_f32(sc.vzp + j));
+    }
+    float sum = vaddvq_f32(vsum), zc = vaddvq_f32(vzc);
+    for (; j < len; ++j) {
+      const float e = std::exp(srow[j] - mn);
+      srow[j] = e * sc.vsc[j];
+      sum += e;
+      zc += srow[j] * sc.vzp[j];
+    }
+    sc.l[t] = sc.l[t] * corr + sum;
+    sc.m[t] = mn;
+    sc.zc[h] = zc;
+  }
+
+  // Weighted sums: 8 dims at a time, all G heads in registers.
+  for (int c = 0; c < D; c += 8) {
+    float32x4_t o[G][2];
+    for (int h = 0; h < G; ++h) {
+      o[h][0] = vld1q_f32(sc.acc + (t0 + h) * D + c);
+      o[h][1] = vld1q_f32(sc.acc + (t0 + h) * D + c + 4);
+    }
+    const int8_t* vr = vd + jb * V.ss + c;
+    for (int64_t j = 0; j < len; ++j, vr += V.ss) {
+      const int16x8_t v16 = vmovl_s8(vld1_s8(vr));
+      const float32x4_t v0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(v16)));
+      const float32x4_t v1 = vcvtq_f32_s32(vmovl_high_s16(v16));
+      for (int h = 0; h < G; ++h) {
+        const float w = sc.s[h * kBlock + j];
+        o[h][0] = vfmaq_n_f32(o[h][0], v0, w);
+        o[h][1] = vfmaq_n_f32(o[h][1], v1, w);
+      }
+    }
+    for (int h = 0; h < G; ++h) {
+      const float32x4_t z = vdupq_n_f32(sc.zc[h]);
+      vst1q_f32(sc.acc + (t0 + h) * D + c, vsubq_f32(o[h][0], z));
+      vst1q_f32(sc.acc + (t0 + h) * D + c + 4, vsubq_f32(o[h][1], z));
+    }
+  }
+}
+
+template <int G, int D>
+void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, float* pm, float* pl, float* pacc) {
+  Scratch& sc = scratch();
+  const int64_t H = a.H, Hkv = a.Hkv;
+  for (int64_t t = 0; t < H; ++t) {
+    float* dst = sc.q + t * D;
+    if (a.q.f32 != nullptr) {
+      const float* src = a.q.f32 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
+      for (int d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
+    } else {
+      const float qs = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + t * a.q.sc_sh] * a.scale;
+      const float qz = static_cast<float>(a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh]);
+      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
+      for (int d = 0; d < D; ++d) dst[d] = (static_cast<float>(src[d]) - qz) * qs;
+    }
+    float s = 0;
+    for (int d = 0; d < D; ++d) s += dst[d];
+    sc.qsum[t] = s;
+    sc.m[t] = -INFINITY;
+    sc.l[t] = 0.f;
+    std::fill(sc.acc + t * D, sc.acc + (t + 1) * D, 0.f);
+  }
+
+  int64_t lim = a.n_kv;
+  if (a.causal) lim = std::min(lim, a.start_pos + i + 1);
+  const int64_t jend = std::min(j1, lim);
+  const float* mrow = a.mask ? a.mask + i * a.mask_ss : nullptr;
+  // Block by block, every kv head: the thread reads its key range's rows in order.
+  for (int64_t jb = j0; jb < jend; jb += kBlock) {
+    const int64_t len = std::min(kBlock, jend - jb);
+    const int64_t n_ahead = std::min(kBlock, jend - (jb + kAhead * kBlock));
+    for (int64_t g = 0; g < Hkv; ++g) decode_block<G, D>(a, sc, b, g, jb, len, n_ahead, mrow);
+  }
+
+  for (int64_t t = 0; t < H; ++t) {
+    const float* acc = sc.acc + t * D;
+    if (pm != nullptr) {
+      pm[t] = sc.m[t];
+      pl[t] = sc.l[t];
+      std::copy(acc, acc + D, pacc + t * D);
+      continue;
+    }
+    float* dst = a.o + b * a.o_sb + i * a.o_ss + t * a.o_sh;
+    const float s = sc.l[t] > 0.f ? 1.f / sc.l[t] : 0.f;  // nothing visible: zeros
+    for (int d = 0; d < D; ++d) dst[d] = acc[d] * s;
+  }
+}
+
+using DecodeFn = void (*)(const AttnArgs&, int64_t, int64_t, int64_t, int64_t, float*, float*, float*);
+
+template <int D>
+DecodeFn pick_g(int64_t G) {
+  switch (G) {
+    case 1: return decode<1, D>;
+    case 2: return decode<2, D>;
+    case 3: return decode<3, D>;
+    case 4: return decode<4, D>;
+    case 5: return decode<5, D>;
+    case 6: return decode<6, D>;
+    case 7: return decode<7, D>;
+    case 8: return decode<8, D>;
+    default: return nullptr;
+  }
+}
+
+DecodeFn pick(const AttnArgs& a) {
+  if (a.Hkv <= 0 || a.H % a.Hkv != 0 || a.H > kMaxH) return nullptr;
+  const int64_t G = a.H / a.Hkv;
+  if (a.D == 64) return pick_g<64>(G);
+  if (a.D == 128) return pick_g<128>(G);
+  return nullptr;
+}
+
+}  // namespace
+
+bool decode_attention_applies(const AttnArgs& a) {
+  return a.k.i8 != nullptr && a.v.i8 != nullptr && a.k.tiled == 0 && a.v.tiled == 0 && pick(a) != nullptr;
+}
+
+void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, float* m, float* l,
+                   float* acc) {
+  pick(a)(a, b, i, j0, j1, m, l, acc);
+}
+
+}  // namespace etserve
+
+#endif  // ETS_NEON
