@@ -18,6 +18,7 @@ Sections (each module's docstring says how its rows are measured):
   bench/versus.py   etserve against llama.cpp's server on the same model and threads: decode,
                     prefill, time to first token from 1k to 24k tokens, decode at fill 12k,
                     memory; bench/fim.py (fill-in-the-middle) and bench/perplexity.py
+  bench/speculation.py  code edits with drafts on and off, and llama.cpp's ngram spec types
   bench/sharing.py  a shared box: an editor's infill while an agent's 12k prompt is read, four
                     chats at once, memory with the default slots (both servers' default slots)
   bench/agents.py   Claude Code's first turn against both servers; a second conversation of the
@@ -39,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import agents, own, sharing, versus  # noqa: E402
+from bench import agents, own, sharing, speculation, versus  # noqa: E402
 from bench.machine import cpu_model, cpu_tier, load_average, memory_bandwidth, native_build  # noqa: E402
 from bench.models import default_model_dir, models_root  # noqa: E402
 from bench.table import log, markdown  # noqa: E402
@@ -54,8 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smol-dir", type=Path, default=models_root() / "smollm2-135m" / "ctx512-fp32-sdpa")
     p.add_argument("--smol-plain-dir", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", choices=("own", "peer", "sharing"), default=None,
-                   help="one section only (sharing: the shared-box rows alone)")
+    p.add_argument("--only", choices=("own", "peer", "sharing", "speculation"), default=None,
+                   help="one section only (sharing: the shared-box rows alone; speculation: the code-edit rows)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the decode comparisons")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens each decode comparison generates")
     p.add_argument("--rounds", type=int, default=3, help="alternated repetitions of each short comparison")
@@ -74,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fim-cases", type=int, default=None, help="the first N FIM cases only (default: all 20)")
     p.add_argument("--skip-perplexity", action="store_true")
     p.add_argument("--skip-agents", action="store_true", help="no Claude Code rows (they take ~10 min)")
+    p.add_argument("--skip-speculation", action="store_true",
+                   help="no speculative-decoding rows (bench/speculation.py: code edits, drafts on and off)")
     p.add_argument("--skip-sharing", action="store_true",
                    help="no shared-box rows (bench/sharing.py: an infill during an agent, four chats at once)")
     p.add_argument("--no-peer-build", action="store_true", help="report a missing peer instead of building it")
@@ -141,18 +144,20 @@ def main(argv=None) -> None:
         rows += own.default_section(args, bandwidth, results)
         if not args.skip_smol:
             rows += own.smol_section(args, results)
-    if args.only in (None, "peer", "sharing"):
+    if args.only in (None, "peer", "sharing", "speculation"):
         missing = versus.peer_ready(build=not args.no_peer_build)
         if missing:
             rows += versus.rows_not_run(missing)
         elif not (args.model_dir / "model.pte").is_file():
             rows += versus.rows_not_run(f"{args.model_dir} not built")
         else:
-            if args.only != "sharing":
+            if args.only not in ("sharing", "speculation"):
                 rows += versus.peer_section(args, results)
-            if not args.skip_sharing:
+            if not args.skip_sharing and args.only != "speculation":
                 rows += sharing.sharing_rows(args, results)
-        if not args.skip_agents and args.only != "sharing":
+            if not args.skip_speculation and args.only != "sharing":
+                rows += speculation.speculation_rows(args, results)
+        if not args.skip_agents and args.only not in ("sharing", "speculation"):
             rows += agents.agent_rows(args, results)
     load_end = load_average()
     minutes = (time.monotonic() - started) / 60

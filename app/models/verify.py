@@ -42,6 +42,8 @@ class PteRunner:
         from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
         self.module = _load_for_executorch(str(pte))
+        # a rows build (export.rows_example_inputs): positions per token and the rows to return
+        self.rows = self.module.method_meta("forward").num_inputs() >= 3
 
     def metadata(self, name: str) -> Any:
         out = self.module.run_method(name, ())
@@ -51,6 +53,10 @@ class PteRunner:
         import torch
 
         t = torch.tensor([list(tokens)], dtype=torch.long)
+        if self.rows:
+            p = torch.arange(pos, pos + len(tokens), dtype=torch.long)
+            out = self.module.forward((t, p, torch.tensor([len(tokens) - 1], dtype=torch.long)))[0]
+            return out.reshape(-1, out.shape[-1])[-1].float()  # [vocab] logits of the last position
         p = torch.tensor([pos], dtype=torch.long)
         return self.module.forward((t, p))[0][0].float()  # [vocab] logits of the last position
 
