@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"the served model (default: the default model's build, else {models_root()}/"
                         "qwen2.5-coder-0.5b/ctx2048-8da4w-sdpa while that is not built)")
     p.add_argument("--plain-dir", type=Path, default=None, help="its export without custom ops (default: sibling)")
-    p.add_argument("--smol-dir", type=Path, default=models_root() / "smollm2-135m" / "ctx512-fp32-sdpa")
+    p.add_argument("--smol-dir", type=Path, default=models_root() / "smollm2-135m" / "ctx512-fp32-sdpa-r32")
     p.add_argument("--smol-plain-dir", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--only", choices=("own", "peer", "sharing", "speculation"), default=None,

@@ -114,6 +114,8 @@ T* align64(T* p) {
 // (prefill, rows calls) run, with the same fused steps as their panel_store: every path rounds an
 // output alike, so a row's result does not depend on how many rows the call has (a decode step
 // and the same token in a batched or speculative rows call agree bit for bit).
+constexpr int64_t kGemvRows = 7;  // calls of up to this many rows read the packed weights directly
+
 inline float finish(float acc, float xs, int32_t off, const float* row_sums, const float* bias,
                     int64_t n) {
 #if defined(ETS_Q4_AVX2)
@@ -178,33 +180,46 @@ inline __m128 scales4(const uint16_t* p) {
   return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 
-// One activation row against weight blocks [b0, b1) (rows 4 b0 .. 4 b1 - 1): the block's four
-// rows are one stream of 64 bytes a group. Each row's group sum is formed as an integer (exact)
-// and scaled by one fused multiply-add a group, in group order: the panels' arithmetic, so that
-// the result is theirs bit for bit.
-void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W, const uint16_t* S,
-          const float* C, const float* bias, int64_t b0, int64_t b1, float* y) {
+// R activation rows (decode steps: one; a few in a batched or speculative rows call) against
+// weight blocks [b0, b1) (outputs 4 b0 .. 4 b1 - 1): the block's four output rows are one stream
+// of 64 bytes a group, read once for the R activation rows. Each row's group sum is formed as an
+// integer (exact) and scaled by one fused multiply-add a group, in group order: the panels'
+// arithmetic, so that every row's result is theirs bit for bit.
+template <int R>
+void gemv_rows(const uint8_t* const* xu, const float* xs, const int32_t* off, int64_t K, const uint8_t* W,
+               const uint16_t* S, const float* C, const float* bias, int64_t b0, int64_t b1, float* const* y) {
   const int64_t G = K / kQ4Group;
   for (int64_t blk = b0; blk < b1; ++blk) {
     const uint8_t* w = W + blk * G * 64;
     const uint16_t* s = S + blk * G * 4;
-    __m128 acc = _mm_setzero_ps();  // lane r: row r
+    __m128 acc[R];  // lane o: output row o
+    for (int r = 0; r < R; ++r) acc[r] = _mm_setzero_ps();
     for (int64_t g = 0; g < G; ++g, w += 64, s += 4) {
       _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(w + kFar), _MM_HINT_T1);
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu + g * kQ4Group));
-      const __m256i p0 = dot32i(xv, unpack_q4(w)), p1 = dot32i(xv, unpack_q4(w + 16));
-      const __m256i p2 = dot32i(xv, unpack_q4(w + 32)), p3 = dot32i(xv, unpack_q4(w + 48));
-      // per 128-bit half: [p0, p1, p2, p3] half sums; the halves added: the four rows' sums
-      const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-      const __m128i d = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-      acc = _mm_fmadd_ps(_mm_cvtepi32_ps(d), scales4(s), acc);
+      const __m256i w0 = unpack_q4(w), w1 = unpack_q4(w + 16), w2 = unpack_q4(w + 32), w3 = unpack_q4(w + 48);
+      const __m128 sc = scales4(s);
+      for (int r = 0; r < R; ++r) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu[r] + g * kQ4Group));
+        const __m256i p0 = dot32i(xv, w0), p1 = dot32i(xv, w1), p2 = dot32i(xv, w2), p3 = dot32i(xv, w3);
+        // per 128-bit half: [p0, p1, p2, p3] half sums; the halves added: the four outputs' sums
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+        const __m128i d = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(d), sc, acc[r]);
+      }
     }
-    alignas(16) float t[4];
-    _mm_store_ps(t, acc);
     const int64_t n = blk * 4;
-    for (int r = 0; r < 4; ++r) y[n + r] = finish(t[r], xs, off, C, bias, n + r);
+    for (int r = 0; r < R; ++r) {
+      alignas(16) float t[4];
+      _mm_store_ps(t, acc[r]);
+      for (int o = 0; o < 4; ++o) y[r][n + o] = finish(t[o], xs[r], off[r], C, bias, n + o);
+    }
   }
+}
+
+void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W, const uint16_t* S,
+          const float* C, const float* bias, int64_t b0, int64_t b1, float* y) {
+  gemv_rows<1>(&xu, &xs, &off, K, W, S, C, bias, b0, b1, &y);
 }
 
 #if defined(ETS_Q4_AVX512)
@@ -214,34 +229,81 @@ void gemv(const uint8_t* xu, float xs, int32_t off, int64_t K, const uint8_t* W,
 // 16..31 x4) give each row's products in its four lanes. The nibbles enter unsigned (0..15):
 // the integer sums start from -8 * (the group's activation sum) in one lane per row (x8: per
 // group, 16 lanes). One conversion and scale a group for the four rows.
-void gemv512(const uint8_t* xq, const int32_t* x8, float xs, int32_t off, int64_t K, const uint8_t* W,
-             const uint16_t* S, const float* C, const float* bias, int64_t b0, int64_t b1, float* y) {
+template <int R>
+void gemv512_rows(const uint8_t* const* xq, const int32_t* const* x8, const float* xs, const int32_t* off,
+                  int64_t K, const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t b0,
+                  int64_t b1, float* const* y) {
   const int64_t G = K / kQ4Group;
   const __m512i nib = _mm512_set1_epi8(0x0F);
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   for (int64_t blk = b0; blk < b1; ++blk) {
     const uint8_t* w = W + blk * G * 64;
     const uint16_t* s = S + blk * G * 4;
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; ++g, w += 64, s += 4) {
       _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(w + kFar), _MM_HINT_T1);
       const __m512i wv = _mm512_loadu_si512(w);
-      __m512i d = _mm512_load_si512(x8 + g * 16);
-      d = dpbusd(d, _mm512_load_si512(xq + g * 128), _mm512_and_si512(wv, nib));
-      d = dpbusd(d, _mm512_load_si512(xq + g * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib));
-      // the four lanes of a row (one 128-bit lane) summed as integers: each holds the row's group
-      // sum, scaled once a group like the panels do (their result, bit for bit)
-      d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_BADC));
-      d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_CDAB));
+      const __m512i lo = _mm512_and_si512(wv, nib), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
       const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4(s)));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc);
+      for (int r = 0; r < R; ++r) {
+        __m512i d = _mm512_load_si512(x8[r] + g * 16);
+        d = dpbusd(d, _mm512_load_si512(xq[r] + g * 128), lo);
+        d = dpbusd(d, _mm512_load_si512(xq[r] + g * 128 + 64), hi);
+        // the four lanes of an output (one 128-bit lane) summed as integers: each holds the
+        // output's group sum, scaled once a group like the panels do (their result, bit for bit)
+        d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_BADC));
+        d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_CDAB));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[r]);
+      }
     }
-    // lanes 4r..4r+3 each hold row r's sum
+    // lanes 4o..4o+3 each hold output o's sum
+    const int64_t n = blk * 4;
+    for (int r = 0; r < R; ++r) {
+      alignas(64) float t[16];
+      _mm512_store_ps(t, acc[r]);
+      for (int o = 0; o < 4; ++o) y[r][n + o] = finish(t[4 * o], xs[r], off[r], C, bias, n + o);
+    }
+  }
+}
+
+// Four activation rows at once: the same integers as gemv512_rows, the four rows' lanes summed
+// together (two rounds of unpack and add give lane 4o + r the sum of output o for row r), then
+// one conversion and one fused multiply-add a group for the four rows.
+void gemv512_rows4(const uint8_t* const* xq, const int32_t* const* x8, const float* xs, const int32_t* off,
+                   int64_t K, const uint8_t* W, const uint16_t* S, const float* C, const float* bias, int64_t b0,
+                   int64_t b1, float* const* y) {
+  const int64_t G = K / kQ4Group;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const uint8_t* w = W + blk * G * 64;
+    const uint16_t* s = S + blk * G * 4;
+    __m512 acc = _mm512_setzero_ps();  // lane 4o + r: output o of row r
+    for (int64_t g = 0; g < G; ++g, w += 64, s += 4) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + kAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + kFar), _MM_HINT_T1);
+      const __m512i wv = _mm512_loadu_si512(w);
+      const __m512i lo = _mm512_and_si512(wv, nib), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
+      __m512i d[4];
+      for (int r = 0; r < 4; ++r) {
+        d[r] = _mm512_load_si512(x8[r] + g * 16);
+        d[r] = dpbusd(d[r], _mm512_load_si512(xq[r] + g * 128), lo);
+        d[r] = dpbusd(d[r], _mm512_load_si512(xq[r] + g * 128 + 64), hi);
+      }
+      // per 128-bit lane (an output): d[r] = [r0 r1 r2 r3] partial sums
+      const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d[0], d[1]), _mm512_unpackhi_epi32(d[0], d[1]));
+      const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2], d[3]), _mm512_unpackhi_epi32(d[2], d[3]));
+      const __m512i sum = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+      const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4(s)));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, acc);
+    }
     alignas(64) float t[16];
     _mm512_store_ps(t, acc);
     const int64_t n = blk * 4;
-    for (int r = 0; r < 4; ++r) y[n + r] = finish(t[4 * r], xs, off, C, bias, n + r);
+    for (int r = 0; r < 4; ++r)
+      for (int o = 0; o < 4; ++o) y[r][n + o] = finish(t[4 * o + r], xs[r], off[r], C, bias, n + o);
   }
 }
 
@@ -538,21 +600,50 @@ void linear_q4(const float* x, int64_t M, int64_t K, const uint8_t* weight, cons
   const float* XS = xs.data();
   const int32_t* OFF = off.data();
   const int64_t blocks = N / 4;
-  if (M == 1) {
+  if (M <= kGemvRows) {  // decode steps, rows calls: the weights read once for every row
+    float* ys[kGemvRows];
+    for (int64_t m = 0; m < M; ++m) ys[m] = out + m * N;
 #if defined(ETS_Q4_AVX512)
-    thread_local std::vector<int32_t> xbuf;  // xq then x8, 64-byte aligned
     const int64_t G = K / kQ4Group;
-    xbuf.resize(static_cast<size_t>(G * 32 + G * 16 + 16));
+    thread_local std::vector<int32_t> xbuf;  // per row: xq then x8, 64-byte aligned
+    const int64_t per_row = G * 32 + G * 16;
+    xbuf.resize(static_cast<size_t>(M * per_row + 16));
     int32_t* base = align64(xbuf.data());
-    uint8_t* xq = reinterpret_cast<uint8_t*>(base);
-    int32_t* x8 = base + G * 32;
-    gemv512_prepare(XU, K, xq, x8);
+    const uint8_t* xq[kGemvRows];
+    const int32_t* x8[kGemvRows];
+    for (int64_t m = 0; m < M; ++m) {
+      uint8_t* q = reinterpret_cast<uint8_t*>(base + m * per_row);
+      int32_t* e = base + m * per_row + G * 32;
+      gemv512_prepare(XU + m * K, K, q, e);
+      xq[m] = q;
+      x8[m] = e;
+    }
     executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      gemv512(xq, x8, XS[0], OFF[0], K, weight, scales, row_sums, bias, b0, b1, out);
+      for (int64_t m = 0; m < M; m += 4) {  // four rows a pass (registers), the block's weights hot
+        switch (std::min<int64_t>(4, M - m)) {
+          case 1: gemv512_rows<1>(xq + m, x8 + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m); break;
+          case 2: gemv512_rows<2>(xq + m, x8 + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m); break;
+          case 3: gemv512_rows<3>(xq + m, x8 + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m); break;
+          default: gemv512_rows4(xq + m, x8 + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m);
+        }
+      }
+    });
+#elif defined(ETS_Q4_AVX2)
+    const uint8_t* xr[kGemvRows];
+    for (int64_t m = 0; m < M; ++m) xr[m] = XU + m * K;
+    executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t m = 0; m < M; m += 4) {
+        switch (std::min<int64_t>(4, M - m)) {
+          case 1: gemv_rows<1>(xr + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m); break;
+          case 2: gemv_rows<2>(xr + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m); break;
+          case 3: gemv_rows<3>(xr + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m); break;
+          default: gemv_rows<4>(xr + m, XS + m, OFF + m, K, weight, scales, row_sums, bias, b0, b1, ys + m);
+        }
+      }
     });
 #else
     executorch::extension::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      gemv(XU, XS[0], OFF[0], K, weight, scales, row_sums, bias, b0, b1, out);
+      for (int64_t m = 0; m < M; ++m) gemv(XU + m * K, XS[m], OFF[m], K, weight, scales, row_sums, bias, b0, b1, ys[m]);
     });
 #endif
     return;

@@ -23,6 +23,7 @@ def test_variants():
     assert BuildOptions(32768, "8da4w", True, "4bit", "int8", "8bit").variant == "ctx32768-8da4w-e4-o8-lq4-sdpa-kv8"
     assert BuildOptions(32768, "8da4w", True, "4bit", "int8", "8bit", "xnnpack").variant == \
         "ctx32768-8da4w-e4-o8-sdpa-kv8"
+    assert BuildOptions(512, "none", True, logit_rows=32).variant == "ctx512-fp32-sdpa-r32"
 
 
 def test_defaults():
@@ -33,9 +34,12 @@ def test_defaults():
     assert qwen.max_seq_len == 32768  # what Qwen2.5-Coder was trained for
     assert (qwen.kv_cache, smol.kv_cache) == ("int8", "fp32")  # Qwen: int8 with smoothed keys
     assert (qwen.output_quantize, smol.output_quantize) == ("8bit", "same")
-    assert qwen.variant == "ctx32768-8da4w-e4-o8-lq4-sdpa-kv8"
+    assert qwen.variant == "ctx32768-8da4w-e4-o8-lq4-sdpa-kv8-r32"  # a rows build (batching, drafts)
+    assert (qwen.logit_rows, smol.logit_rows) == (registry.DEFAULT_LOGIT_ROWS, registry.DEFAULT_LOGIT_ROWS)
+    assert resolve_options("qwen2.5-coder-0.5b", custom_ops=False).logit_rows == 0  # our kernels read the rows
+    assert resolve_options("gemma3-270m").logit_rows == 0  # its window mask is narrowed from one start
     assert qwen.linear_kernel == "etserve"  # our 4-bit linear kernel (native/src/linear_q4.cpp)
-    assert resolve_options("qwen2.5-coder-0.5b", linear_kernel="xnnpack").variant == "ctx32768-8da4w-e4-o8-sdpa-kv8"
+    assert resolve_options("qwen2.5-coder-0.5b", linear_kernel="xnnpack").variant == "ctx32768-8da4w-e4-o8-sdpa-kv8-r32"
     assert resolve_options("qwen2.5-coder-0.5b", custom_ops=False).linear_kernel == "xnnpack"
     with pytest.raises(ValueError):  # our kernel is registered by the library the custom ops live in
         resolve_options("qwen2.5-coder-0.5b", custom_ops=False, linear_kernel="etserve")
@@ -44,7 +48,7 @@ def test_defaults():
     assert resolve_options("qwen2.5-coder-0.5b", custom_ops=False).kv_cache == "fp32"
     assert resolve_options("qwen2.5-coder-0.5b", 4096).max_seq_len == 4096
     assert (qwen.embedding_quantize, smol.embedding_quantize) == ("4bit", "none")
-    assert resolve_options("smollm2-135m", 512, "8da4w", True) == BuildOptions(512, "8da4w", True)
+    assert resolve_options("smollm2-135m", 512, "8da4w", True) == BuildOptions(512, "8da4w", True, logit_rows=32)
     with pytest.raises(ValueError):
         resolve_options("smollm2-135m", quantize="int3")
     with pytest.raises(ValueError):
@@ -72,9 +76,9 @@ def test_eos_ids():
 
 def test_paths(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
-    assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32-sdpa"
+    assert registry.default_model_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m" / "ctx2048-fp32-sdpa-r32"
     assert main(["path", "qwen2.5-coder-0.5b", "--max-seq-len", "512"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-o8-lq4-sdpa-kv8")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx512-8da4w-e4-o8-lq4-sdpa-kv8-r32")
     assert main(["path", "qwen2.5-coder-0.5b", "--no-custom-ops", "--embedding-quantize", "none"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "models/qwen2.5-coder-0.5b/ctx32768-8da4w-o8")
     assert main(["path", "smollm2-135m", "--out", str(tmp_path / "x")]) == 0
