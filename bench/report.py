@@ -157,6 +157,8 @@ def main(argv=None) -> None:
                 rows += sharing.sharing_rows(args, results)
             if not args.skip_speculation and args.only != "sharing":
                 rows += speculation.speculation_rows(args, results)
+                if not args.skip_agents:
+                    rows += speculation.agent_edit_rows(args, results)
         if not args.skip_agents and args.only not in ("sharing", "speculation"):
             rows += agents.agent_rows(args, results)
     load_end = load_average()

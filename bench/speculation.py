@@ -14,12 +14,20 @@ so no server finds it cached.
                                         spec types on the same run (target >= 2.5); each type's
                                         figure is in the log and the row's text
   prose, speculation on / off           a story (nothing to copy): on ÷ off (target >= 0.97)
+  claude code edit turn, on / off       a real Claude Code turn asked to edit a file (bench/data/
+                                        edits/cancel.py copied into its working directory), start
+                                        to exit, etserve with drafts ÷ without (reported; sampled
+                                        at Claude Code's temperature, one turn each)
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from pathlib import Path
+
+import requests
 
 from bench import peer
 from bench.client import stream
@@ -43,6 +51,9 @@ SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngra
 ON_OFF = "code edits, speculation on / off"
 VS_PEER = "code edits vs llama.cpp (best ngram)"
 PROSE = "prose, speculation on / off"
+AGENT_EDIT = "claude code edit turn, on / off"
+AGENT_PROMPT = ("In cancel.py, rename the class CancelToken to StopToken everywhere, and write the whole "
+                "file back.")
 
 
 def _edit(url: str, tag: str, task: tuple[str, str], extra: dict) -> float:
@@ -119,3 +130,42 @@ def speculation_rows(args, results: dict) -> list[Row]:
     else:
         rows.append(Row(VS_PEER, "llama.cpp's ngram spec types", "not run (none started)"))
     return rows
+
+
+def agent_edit_rows(args, results: dict) -> list[Row]:
+    """A Claude Code editing turn against etserve with drafts and without (bench/agents.py runs it)."""
+    from bench.agents import CLAUDE, run_claude
+    from bench.client import get_json
+    from bench.models import long_context_dir
+
+    serve_dir = long_context_dir(args.model_dir)
+    if not CLAUDE.exists() or serve_dir is None:
+        return [Row(AGENT_EDIT, "a Claude Code editing turn", "not run (Claude Code or a 32k build missing)")]
+    turns = {}
+    for side, env in (("on", {}), ("off", {"ETSERVE_DRAFT_MAX": "0"})):
+        scratch = Path(tempfile.mkdtemp(prefix="etserve-bench-edit-"))
+        home, work = scratch / "home", scratch / "work"
+        home.mkdir()
+        work.mkdir()
+        shutil.copy(EDITS / "cancel.py", work / "cancel.py")
+        et = EtServe(serve_dir, args.threads, env)
+        try:
+            model = get_json(et.url, "/v1/models")["data"][0]["id"]
+            turn = run_claude(et.url, model, AGENT_PROMPT, home, work)
+            metrics = requests.get(et.url + "/metrics", timeout=30).text
+            accepted = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                           if line.startswith("etserve_draft_accepted_tokens_total"))
+            edited = "StopToken" in (work / "cancel.py").read_text()
+        finally:
+            et.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+        turns[side] = (turn, accepted, edited)
+        log(f"  claude code edit, drafts {side}: {turn.seconds:.1f} s, exit {turn.returncode}, "
+            f"file edited: {edited}, drafts accepted {accepted:.0f}")
+    results["speculation_agent_edit"] = {k: {"seconds": t.seconds, "returncode": t.returncode, "accepted": a,
+                                             "edited": e} for k, (t, a, e) in turns.items()}
+    (on, a_on, e_on), (off, _, e_off) = turns["on"], turns["off"]
+    return [Row(AGENT_EDIT, f"Claude Code asked to rename a class in a 64-line file, start to exit, etserve "
+                f"--draft-max 8 ÷ 0 (one sampled turn each; file edited: {e_on} / {e_off}; "
+                f"{a_on:.0f} drafted tokens accepted)", f"{on.seconds:.1f} s / {off.seconds:.1f} s",
+                on.seconds / off.seconds)]
