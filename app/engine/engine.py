@@ -539,23 +539,19 @@ class Engine:
         Returns (events, rng, drafts accepted), or _CANCELLED. In a rows build the step may go into
         another sequence's forward call, or take theirs along (batching.py)."""
         state = [rng]
-        sampling = request.sampling
+        uses_history = request.sampling.uses_history
 
         def sample(row: int, emitted: list[int]) -> TokenEvent:
             # row `row`: the model after `token` and drafts[:row] (== emitted): penalties see them too
-            n = len(emitted) if sampling.uses_history else 0
+            n = len(emitted) if uses_history else 0
             if n:
                 history.extend(emitted)
             try:
-                allowed = constraint.allowed() if constraint is not None else None
-                t, logprob, state[0] = self.model.sample(sampling, state[0], history, allowed)
+                event, state[0] = self._sample(request, state[0], history, constraint)
             finally:
                 if n:
                     del history[-n:]
-            if constraint is not None:
-                constraint.accept(t)
-            top = tuple(self.model.top_logprobs(request.top_logprobs)) if request.top_logprobs else ()
-            return TokenEvent(t, logprob, top)
+            return event
 
         job = DecodeJob(claim, slot.index, token, pos, drafts, budget, sample, lambda: cancel.cancelled,
                         request.stop_token_ids)
@@ -679,6 +675,12 @@ class Engine:
               history: list[int], constraint: TokenConstraint | None) -> tuple[TokenEvent, int]:
         """One forward call and one sample (within the grammar, if any), run off the event loop."""
         self.model.forward(tokens, pos)
+        return self._sample(request, rng, history, constraint)
+
+    def _sample(self, request: GenerationRequest, rng: int, history: list[int],
+                constraint: TokenConstraint | None) -> tuple[TokenEvent, int]:
+        """A token from the logits the runtime holds now (a rows call: the row chosen with use_row),
+        within the grammar; the grammar state takes it."""
         allowed = constraint.allowed() if constraint is not None else None
         token, logprob, rng = self.model.sample(request.sampling, rng, history, allowed)
         if constraint is not None:
