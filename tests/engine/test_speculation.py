@@ -105,9 +105,17 @@ def test_batched_decode_without_drafts(model, prompts):
 ])
 def test_sampled_output_with_a_seed_is_plain_decodings(model, prompts, sampling):
     plain = Engine(model, slots=2, draft_max=0, prefix_reuse=False)
-    spec = Engine(model, slots=2, draft_max=8, prefix_reuse=False)
+    spec = Engine(model, slots=2, draft_max=8, prefix_reuse=False, draft_sampled=True)
     for p in (prompts[0], prompts[3]):
         expected = generate(plain, p, 60, sampling)[0]
         got, stats = generate(spec, p, 60, sampling)
         assert got == expected
         assert stats.drafted > 0
+
+
+def test_sampled_requests_draft_only_when_asked(model, prompts):
+    default = Engine(model, slots=2, draft_max=8, prefix_reuse=False)
+    _, stats = generate(default, prompts[0], 30, SamplingParams(temperature=0.8, seed=3))
+    assert stats.drafted == 0
+    _, stats = generate(default, prompts[0], 30)
+    assert stats.drafted > 0  # greedy ones draft
