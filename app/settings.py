@@ -44,10 +44,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sched_max_wait", "ETSERVE_SCHED_MAX_WAIT", "--sched-max-wait", "3",
             "seconds a request in flight may wait for its next step while shorter ones go first; "
             "then it goes next (no request starves)"),
-    Setting("draft_max", "ETSERVE_DRAFT_MAX", "--draft-max", "8",
+    Setting("draft_max", "ETSERVE_DRAFT_MAX", "--draft-max", "32",
             "speculative decoding without a draft model: at most this many tokens guessed from the "
-            "prompt and recent outputs are checked in each decode step (fewer, or none, while guesses "
-            "fail); the output is the same as without it. 0: off (docs/scheduling.md)"),
+            "prompt and recent outputs are checked in each decode step, and at most what one forward "
+            "call of the build holds (31 in the default builds); fewer, or none, as the guesses' "
+            "success and the measured cost of wider steps make it pay. The output is the same as "
+            "without it. 0: off (docs/scheduling.md)"),
     Setting("max_queue", "ETSERVE_MAX_QUEUE", "--max-queue", "16",
             "requests that may wait for a slot while all are busy; more get 429"),
     Setting("queue_timeout", "ETSERVE_QUEUE_TIMEOUT", "--queue-timeout", "300",

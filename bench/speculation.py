@@ -8,7 +8,7 @@ the row compares decode tok/s (tokens after the first over the time between the 
 last), the median over the tasks. Every prompt starts with a line naming the run and the server,
 so no server finds it cached.
 
-  code edits, speculation on / off      etserve (--draft-max 8, the default) ÷ --draft-max 0
+  code edits, speculation on / off      etserve (the default --draft-max) ÷ --draft-max 0
                                         (target >= 2.0)
   code edits vs llama.cpp (best ngram)  etserve ÷ llama.cpp with the fastest of its ngram-*
                                         spec types on the same run (target >= 2.5); each type's
@@ -78,7 +78,7 @@ def speculation_rows(args, results: dict) -> list[Row]:
     edits: dict[str, list[float]] = {"on": [], "off": []}
     prose: dict[str, list[float]] = {"on": [], "off": []}
     try:
-        log(f"speculative decoding: etserve {label(args.model_dir)}, --draft-max 8 and 0")
+        log(f"speculative decoding: etserve {label(args.model_dir)}, the default --draft-max and 0")
         for side in ("on", "off"):
             _story(et[side].url, f"warm{nonce}{side}")  # lazy initialization
         for i, task in enumerate(TASKS):
@@ -166,6 +166,6 @@ def agent_edit_rows(args, results: dict) -> list[Row]:
                                              "edited": e} for k, (t, a, e) in turns.items()}
     (on, a_on, e_on), (off, _, e_off) = turns["on"], turns["off"]
     return [Row(AGENT_EDIT, f"Claude Code asked to rename a class in a 64-line file, start to exit, etserve "
-                f"--draft-max 8 ÷ 0 (one sampled turn each; file edited: {e_on} / {e_off}; "
+                f"drafts on ÷ --draft-max 0 (one sampled turn each; file edited: {e_on} / {e_off}; "
                 f"{a_on:.0f} drafted tokens accepted)", f"{on.seconds:.1f} s / {off.seconds:.1f} s",
                 on.seconds / off.seconds)]

@@ -61,17 +61,27 @@ class DecodeJob:
 def choose_batch(leader: DecodeJob, waiting: Sequence[DecodeJob], max_rows: int,
                  context_length: int) -> list[DecodeJob]:
     """The jobs one forward call carries: the leader's, then waiting ones (those whose last step
-    is oldest first) while their rows fit `max_rows`; ordered by position, the lowest first (the
-    program checks the first row's position + the rows against the cache), and only as many as
-    leave room for all rows after that first position."""
+    is oldest first), as many as have a row each within `max_rows`. When their drafts do not all
+    fit, the longest drafts are cut first (each job's `drafts` shortened in place): a sequence
+    waiting for its token goes along rather than waiting behind another's long guess, and the
+    first drafts of each, the likeliest to be accepted, are the ones kept. Ordered by position,
+    the lowest first (the program checks the first row's position + the rows against the
+    cache), and only as many as leave room for all rows after that first position."""
     batch = [leader]
-    rows = leader.rows
     for job in sorted(waiting, key=lambda j: (j.claim.last_run or 0.0, j.claim.seq)):
         if job is leader or job.cancelled():
             continue
-        if rows + job.rows <= max_rows:
+        if len(batch) < max_rows:
             batch.append(job)
-            rows += job.rows
+    excess = sum(j.rows for j in batch) - max_rows
+    while excess > 0:
+        longest = max(batch, key=lambda j: (len(j.drafts), j is not leader))
+        if not longest.drafts:
+            break
+        next_longest = max((len(j.drafts) for j in batch if j is not longest), default=0)
+        cut = min(excess, max(1, len(longest.drafts) - next_longest))
+        longest.drafts = longest.drafts[:len(longest.drafts) - cut]
+        excess -= cut
     batch.sort(key=lambda j: (j.pos, j.claim.seq))
     while len(batch) > 1 and batch[0].pos + sum(j.rows for j in batch) > context_length:
         drop = batch[0] if batch[0] is not leader else batch[1]

@@ -255,12 +255,71 @@ class SuffixStore:
             return best_m, out
 
 
+class StepCosts:
+    """What a decode step of n rows costs, in steps of one row, as measured on this host.
+
+    The engine records each decode call (its rows and its wall time: the forward call and the
+    rows' sampling); `relative(n)` is the smoothed time of an n-row step over a one-row step's.
+    A row count not yet measured is interpolated between the nearest measured ones; past the
+    widest measured, or with nothing measured, the prior `1 + prior_row_cost * (n - 1)` steps
+    (extrapolated from the widest measurement): an untried width is tried once a request's
+    acceptance makes it worth it, and then it is known. The shape differs between CPUs (a gemv
+    pass per four rows, panels from eight, AMX tiles from 16) and with load, so it is measured,
+    not assumed. Shared by every request of an engine; thread-safe enough for one writer.
+    """
+
+    def __init__(self, max_rows: int = 32, prior_row_cost: float = 0.08, decay: float = 0.8):
+        self.max_rows = max(1, max_rows)
+        self.prior_row_cost = prior_row_cost
+        self.decay = decay
+        self._ms: list[float | None] = [None] * (self.max_rows + 1)
+
+    def record(self, rows: int, seconds: float) -> None:
+        """A decode step of `rows` rows took `seconds` (the forward call and its sampling)."""
+        if not 1 <= rows <= self.max_rows or not seconds > 0:
+            return
+        ms = seconds * 1000.0
+        old = self._ms[rows]
+        self._ms[rows] = ms if old is None else old * self.decay + ms * (1.0 - self.decay)
+
+    def measured(self) -> dict[int, float]:
+        """The smoothed ms of each row count measured so far."""
+        return {n: ms for n, ms in enumerate(self._ms) if ms is not None}
+
+    def relative(self, rows: int) -> float:
+        """An n-row step's cost in one-row steps (at least 1, never less than a narrower one's)."""
+        rows = max(1, min(rows, self.max_rows))
+        if rows == 1:
+            return 1.0
+        one = self._ms[1]
+        if one is None:
+            return 1.0 + self.prior_row_cost * (rows - 1)
+        lo, hi = 1, None
+        for n in range(rows, 1, -1):
+            if self._ms[n] is not None:
+                lo = n
+                break
+        for n in range(rows + 1, self.max_rows + 1):
+            if self._ms[n] is not None:
+                hi = n
+                break
+        lo_ms = self._ms[lo]
+        if lo == rows:
+            cost = lo_ms / one
+        elif hi is not None:
+            cost = (lo_ms + (self._ms[hi] - lo_ms) * (rows - lo) / (hi - lo)) / one
+        else:
+            cost = lo_ms / one + self.prior_row_cost * (rows - lo)
+        return max(1.0, cost)
+
+
 @dataclass
 class DraftController:
     """How many tokens one request drafts next: `next_k()`, then `observe(drafted, accepted)`."""
 
     max_k: int = 8
-    row_cost: float = 0.08  # a verify of k drafts costs 1 + row_cost * k decode steps
+    row_cost: float = 0.08  # without `costs`: a verify of k drafts costs 1 + row_cost * k decode steps
+    costs: StepCosts | None = None  # the measured cost of a step by its rows (the engine's)
     min_gain: float = 0.03  # draft only when it yields this much more per decode step
     decay: float = 0.9  # weight of the past per verify (the estimate's memory: ~10 verifies)
     prior: float = 0.5  # the acceptance rate assumed before any evidence ...
@@ -291,10 +350,11 @@ class DraftController:
         a = self.acceptance if a is None else a
         best, best_rate = 0, 1.0 + self.min_gain
         tokens, power = 1.0, 1.0
+        costs = self.costs
         for k in range(1, self.max_k + 1):
             power *= a
             tokens += power  # expected_tokens(k, a)
-            rate = tokens / (1.0 + self.row_cost * k)
+            rate = tokens / (costs.relative(1 + k) if costs is not None else 1.0 + self.row_cost * k)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Protocol, Union
 
 from .batching import DecodeJob, choose_batch, rows_of, verify
 from .cancel import CancelToken
-from .drafts import DraftController, Drafter, SuffixStore
+from .drafts import DraftController, Drafter, StepCosts, SuffixStore
 from .native import NativeError, NativeModel, Status
 from .offload import run_blocking
 from .sampling import SamplingParams
@@ -163,8 +163,8 @@ class Engine:
         slots: int = 1,
         policy: StepPolicy | None = None,
         prefill_step_s: float = 0.5,
-        draft_max: int = 8,
-        draft_sampled: bool = False,
+        draft_max: int = 32,
+        draft_sampled: bool = True,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
@@ -190,10 +190,10 @@ class Engine:
         self._pending: dict[int, DecodeJob] = {}  # decode steps waiting for the gate, by claim
         self.draft_max = max(0, min(draft_max, self.max_rows - 1)) if self.max_rows > 1 else 0
         self.draft_store = SuffixStore() if self.draft_max else None  # recent outputs, for drafts
-        # sampled requests (temperature > 0) draft only when asked: their output keeps plain
-        # decoding's distribution by construction (tests/engine/test_speculation.py), but in a
-        # Codex tool-calling turn tool calls came less often with drafts (7 of 21 attempts against
-        # 8 of 16 without, 2026-12-03): off until that is understood
+        self.step_costs = StepCosts(self.max_rows)  # a decode step's time by its rows, for draft lengths
+        # sampled requests (temperature > 0) draft too: for a seed their tokens are plain
+        # decoding's (tests/engine/test_speculation.py: with penalties, a grammar, and an agent's
+        # tool-calling prompt on the default model), so the distribution is unchanged
         self.draft_sampled = draft_sampled
         self.drafted = self.draft_accepted = 0  # totals, for /metrics
         # saved KV states of recent sessions, and which one each slot holds
@@ -479,7 +479,7 @@ class Engine:
             max_new = min(request.max_tokens, self.context_length - len(prompt))
         drafter = None
         if self.draft_max and (self.draft_sampled or sampling.temperature <= 0):
-            drafter = Drafter(prompt, store=self.draft_store, controller=DraftController(max_k=self.draft_max))
+            drafter = Drafter(prompt, store=self.draft_store, controller=DraftController(max_k=self.draft_max, costs=self.step_costs))
         output: list[int] = []
         events = [event]
         try:
@@ -522,12 +522,12 @@ class Engine:
                 if out is _CANCELLED:
                     stats.finish_reason = "cancelled"
                     return
-                events, rng, accepted = out
+                events, rng, accepted, drafted = out  # drafted: what the call had room for
                 if drafts:
-                    drafter.observe(len(drafts), accepted)
-                    stats.drafted += len(drafts)
+                    drafter.observe(drafted, accepted)
+                    stats.drafted += drafted
                     stats.draft_accepted += accepted
-                    self.drafted += len(drafts)
+                    self.drafted += drafted
                     self.draft_accepted += accepted
                 # in the cache now: the token and the drafts the model agreed with
                 slot.tokens.append(token)
@@ -542,7 +542,7 @@ class Engine:
                      pos: int, drafts: list[int], rng: int, history: list[int], constraint: TokenConstraint | None,
                      budget: int):
         """One decode step of this sequence: `token` at `pos` and the drafts after it, verified.
-        Returns (events, rng, drafts accepted), or _CANCELLED. In a rows build the step may go into
+        Returns (events, rng, drafts accepted, drafts verified), or _CANCELLED. In a rows build the step may go into
         another sequence's forward call, or take theirs along (batching.py)."""
         state = [rng]
         uses_history = request.sampling.uses_history
@@ -566,7 +566,7 @@ class Engine:
                 return _CANCELLED
         elif self._run_shared(job, cancel) is _CANCELLED:
             return _CANCELLED
-        return job.events, state[0], job.accepted
+        return job.events, state[0], job.accepted, len(job.drafts)
 
     def _run_shared(self, job: DecodeJob, cancel: CancelToken):
         """Run a decode job in a rows build: wait for the step gate, unless a sequence holding it
@@ -624,12 +624,14 @@ class Engine:
         a job whose sampling fails gets the error (raised by its own sequence), the others go on.
         An error of the forward call itself is raised (every job's)."""
         model = self.model
+        t = time.perf_counter()
         if len(batch) == 1 and not batch[0].drafts:
             job = batch[0]
             if len(self.slot_table) > 1:
                 model.select_slot(job.slot)
             model.forward([job.token], job.pos)
             verify(job, 0, None)
+            self.step_costs.record(1, time.perf_counter() - t)
             return
         tokens, positions, slots = rows_of(batch)
         model.forward_rows(tokens, positions, slots)
@@ -640,6 +642,7 @@ class Engine:
             except Exception as e:
                 job.error = e
             row += job.rows
+        self.step_costs.record(len(tokens), time.perf_counter() - t)
 
     def _shift(self, slot: Slot, claim: Claim, token: int, keep: int, request: GenerationRequest, rng: int,
                history: list[int], constraint: TokenConstraint | None,

@@ -34,10 +34,27 @@ def job(seq: int, pos: int, drafts=(), *, last_run=None, budget=100, picks=None,
 def test_the_leader_takes_waiting_jobs_along_while_rows_fit():
     leader = job(1, 50, [1, 2, 3])  # 4 rows
     a, b, c = job(2, 10, last_run=1.0), job(3, 20, [5, 6], last_run=0.5), job(4, 30, [7] * 6, last_run=2.0)
+    batch = choose_batch(leader, [a, b, c], max_rows=16, context_length=1000)
+    # everything fits (15 rows); lowest position first
+    assert batch == [a, b, c, leader]
+    assert [j.drafts for j in batch] == [[], [5, 6], [7] * 6, [1, 2, 3]]
+
+
+def test_long_drafts_are_cut_so_that_waiting_jobs_go_along():
+    leader = job(1, 50, [1, 2, 3])  # 4 rows
+    a, b, c = job(2, 10, last_run=1.0), job(3, 20, [5, 6], last_run=0.5), job(4, 30, [7] * 6, last_run=2.0)
     batch = choose_batch(leader, [a, b, c], max_rows=8, context_length=1000)
-    # oldest last step first: b (3 rows) fits, a (1 row) fits, c (7 rows) does not; lowest position first
-    assert batch == [a, b, leader]
+    # 15 rows for 8: every job goes along; the longest drafts are cut first, down to a level
+    assert batch == [a, b, c, leader]
     assert sum(j.rows for j in batch) == 8
+    assert [j.drafts for j in batch] == [[], [5], [7], [1, 2]]  # at a tie the riders are cut first
+    # more jobs than rows: the oldest-waiting first, drafts cut to nothing
+    jobs = [job(10 + i, i, [1, 2, 3], last_run=float(i)) for i in range(5)]
+    batch = choose_batch(jobs[4], jobs[:4], max_rows=3, context_length=1000)
+    assert batch == [jobs[0], jobs[1], jobs[4]] and all(not j.drafts for j in batch)
+    # a lone leader keeps its drafts up to the rows
+    lone = job(20, 0, list(range(40)))
+    assert choose_batch(lone, [], max_rows=32, context_length=1000) == [lone] and lone.rows == 32
 
 
 def test_cancelled_jobs_do_not_go_along():

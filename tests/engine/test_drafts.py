@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from app.engine.drafts import (DraftController, Drafter, PromptLookup, SuffixStore, accept,
+from app.engine.drafts import (DraftController, Drafter, PromptLookup, StepCosts, SuffixStore, accept,
                                accept_lazily)
 
 CODE = """
@@ -335,3 +335,38 @@ def test_greedy_with_drafts_is_greedy():
         _, emitted = accept(draft, [greedy(d.tokens + draft[:i]) for i in range(len(draft) + 1)])
         d.append(emitted)
     assert d.tokens[:31] == plain_out
+
+
+# -- the measured cost of a step by its rows --
+
+def test_step_costs_start_from_the_prior_and_follow_measurements():
+    costs = StepCosts(max_rows=32, prior_row_cost=0.1, decay=0.5)
+    assert costs.relative(1) == 1.0 and costs.relative(11) == pytest.approx(2.0)  # nothing measured
+    costs.record(1, 0.020)
+    costs.record(9, 0.040)
+    costs.record(17, 0.060)
+    assert costs.relative(9) == pytest.approx(2.0)
+    assert costs.relative(13) == pytest.approx(2.5)  # between 9 and 17
+    assert costs.relative(5) == pytest.approx(1.5)  # between 1 and 9
+    assert costs.relative(27) == pytest.approx(3.0 + 0.1 * 10)  # past the widest: the prior's slope
+    costs.record(9, 0.080)  # smoothed, not replaced
+    assert costs.relative(9) == pytest.approx(3.0)
+    costs.record(4, 0.010)  # a wide step measured faster than one row (noise) costs one row
+    assert costs.relative(4) == 1.0
+    costs.record(40, 1.0)  # out of range: ignored
+    costs.record(3, 0.0)
+    assert set(costs.measured()) == {1, 4, 9, 17}
+
+
+def test_the_controller_drafts_as_long_as_the_measured_costs_make_it_pay():
+    flat, steep = StepCosts(32), StepCosts(32)
+    for n in range(1, 33):
+        flat.record(n, 0.020 + 0.0005 * (n - 1))  # wide steps almost free: long drafts pay
+        steep.record(n, 0.020 * n)  # every row costs a step: no draft pays
+    a = 0.97
+    long_ = DraftController(max_k=31, costs=flat)
+    none = DraftController(max_k=31, costs=steep)
+    assert long_.best_k(a) == 31
+    assert none.best_k(a) == 0
+    # the same acceptance at the prior's 0.08 a row: a middle length
+    assert 8 <= DraftController(max_k=31).best_k(a) < 31

@@ -75,16 +75,18 @@ def together(engine: Engine, prompts, n: int, sampling=GREEDY):
     return out
 
 
-def test_greedy_output_is_plain_decodings_with_drafts_and_shared_steps(model, prompts):
+@pytest.mark.parametrize("draft_max", [8, 31])  # 31: a whole rows call of one sequence's draft
+def test_greedy_output_is_plain_decodings_with_drafts_and_shared_steps(model, prompts, draft_max):
     plain = Engine(model, slots=4, draft_max=0, prefix_reuse=False)
     alone = [generate(plain, p, 80)[0] for p in prompts]
-    spec = Engine(model, slots=4, draft_max=8, prefix_reuse=False)
+    spec = Engine(model, slots=4, draft_max=draft_max, prefix_reuse=False)
     one_by_one = [generate(spec, p, 80) for p in prompts]
     assert [t for t, _ in one_by_one] == alone
     copy_stats = one_by_one[0][1]
     assert copy_stats.draft_accepted >= 20, copy_stats  # copying code: most drafts are right
     assert copy_stats.completion_tokens > 0 and spec.model.forward_calls > 0
-    shared = Engine(model, slots=4, draft_max=8, prefix_reuse=False)
+    assert set(spec.step_costs.measured()) - {1}, "the engine measured no drafted step's cost"
+    shared = Engine(model, slots=4, draft_max=draft_max, prefix_reuse=False)
     results = together(shared, prompts, 80)
     assert [t for t, _ in results] == alone
     assert shared.steps.shared > 0, "no decode step went along in another sequence's forward call"
@@ -113,9 +115,73 @@ def test_sampled_output_with_a_seed_is_plain_decodings(model, prompts, sampling)
         assert stats.drafted > 0
 
 
-def test_sampled_requests_draft_only_when_asked(model, prompts):
+def test_sampled_requests_draft_unless_told_not_to(model, prompts):
+    sampled = SamplingParams(temperature=0.8, seed=1234)
     default = Engine(model, slots=2, draft_max=8, prefix_reuse=False)
-    _, stats = generate(default, prompts[0], 30, SamplingParams(temperature=0.8, seed=3))
-    assert stats.drafted == 0
-    _, stats = generate(default, prompts[0], 30)
+    assert sum(generate(default, p, 60, sampled)[1].drafted for p in (prompts[0], prompts[3])) > 0
+    greedy_only = Engine(model, slots=2, draft_max=8, prefix_reuse=False, draft_sampled=False)
+    assert sum(generate(greedy_only, p, 60, sampled)[1].drafted for p in (prompts[0], prompts[3])) == 0
+    _, stats = generate(greedy_only, prompts[0], 30)
     assert stats.drafted > 0  # greedy ones draft
+
+
+def test_sampled_output_under_a_grammar_with_a_seed_is_plain_decodings(model, model_dir, prompts):
+    """A constrained, sampled generation (a JSON schema, as response_format or a tool's arguments
+    give): each verified row's mask comes from the grammar state after the rows before it."""
+    from app.grammar import GrammarCompiler, json_grammar, output_grammar
+
+    compiler = GrammarCompiler.from_file(model_dir / "tokenizer.json", model.info.vocab_size, model.info.eos_ids)
+    schema = {"type": "object", "properties": {"code": {"type": "string"}, "lines": {"type": "integer"}},
+              "required": ["code", "lines"]}
+    grammar = compiler.compile(output_grammar(json_grammar(schema)))
+    plain = Engine(model, slots=2, draft_max=0, prefix_reuse=False)
+    spec = Engine(model, slots=2, draft_max=16, prefix_reuse=False, draft_sampled=True)
+    drafted = 0
+    for seed in (1, 2, 3):
+        sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=seed)
+
+        def run(engine):
+            gen = engine.generate(GenerationRequest(prompts[0], 60, sampling, frozenset({2}), constraint=grammar))
+            return [e.token_id for e in gen], gen.stats
+
+        expected, _ = run(plain)
+        got, stats = run(spec)
+        assert got == expected, seed
+        drafted += stats.drafted
+    assert drafted > 0
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_dir):
+    m = NativeModel(qwen_dir / "model.pte")
+    yield m
+    m.close()
+
+
+def test_sampled_tool_calling_turns_are_plain_decodings_on_the_default_model(qwen, qwen_dir):
+    """The case of a coding agent's turn (Codex, Claude Code): the default model (Qwen, int8
+    caches, AMX where the CPU has it), its own template with tools, temperature 1 and no grammar
+    (tool_choice auto): for each seed the tokens of plain decoding, so whether the model calls
+    a tool is as likely with drafts as without."""
+    from app.text.chat_template import ChatTemplate
+    from app.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_files(qwen_dir / "tokenizer.json", qwen_dir / "tokenizer_config.json")
+    template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
+    tools = [{"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the project",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    prompt = tok.encode(template.render(
+        [{"role": "user", "content": "What does app/engine/drafts.py define? Read it, then tell me. Here is the "
+                                     "start of it:\n\n" + CODE}], tools=tools))
+    stops = frozenset(qwen.info.eos_ids)
+    plain = Engine(qwen, slots=2, draft_max=0, prefix_reuse=False)
+    spec = Engine(qwen, slots=2, draft_max=16, prefix_reuse=False)
+    drafted = 0
+    for seed in (11, 12, 13, 14):
+        sampling = SamplingParams(temperature=1.0, top_p=1.0, seed=seed)
+        expected = [e.token_id for e in plain.generate(GenerationRequest(prompt, 48, sampling, stops))]
+        gen = spec.generate(GenerationRequest(prompt, 48, sampling, stops))
+        assert [e.token_id for e in gen] == expected, seed
+        drafted += gen.stats.drafted
+    assert drafted > 0, "sampled requests draft by default"
