@@ -118,3 +118,18 @@ def verify(job: DecodeJob, first_row: int, use_row: Callable[[int], None] | None
         t = event.token_id
         if i == n or t != job.drafts[i] or t in job.stop_ids or len(events) >= job.budget:
             return
+
+
+def grammar_drafts(constraint, drafts: list[int], limit: int) -> tuple[list[int], bool]:
+    """A constrained generation's drafts: the looked-up ones cut where the grammar would refuse
+    them (a refused draft can never be accepted, and the rows after it are wasted), or the tokens
+    the grammar forces from here (a schema's keys and punctuation: the mask leaves the model
+    nothing else) when those are longer. Returns (drafts, whether they are the looked-up ones).
+    The grammar state is the one after the step's own token: drafts follow it."""
+    if not hasattr(constraint, "valid_prefix"):
+        return drafts, True
+    valid = drafts[:constraint.valid_prefix(drafts)] if drafts else []
+    forced = constraint.forced()[:max(0, limit)] if hasattr(constraint, "forced") else []
+    if len(forced) > len(valid):
+        return forced, False
+    return valid, True

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Union
 
-from .batching import DecodeJob, choose_batch, rows_of, verify
+from .batching import DecodeJob, choose_batch, grammar_drafts, rows_of, verify
 from .cancel import CancelToken
 from .drafts import DraftController, Drafter, StepCosts, SuffixStore
 from .native import NativeError, NativeModel, Status
@@ -68,6 +68,9 @@ class TokenConstraint(Protocol):
 
     def allowed(self) -> bytes: ...  # next-token bitmask, as ets_sampling.allowed takes it
     def accept(self, token_id: int) -> None: ...
+    # and, optionally, for speculative decoding (batching.grammar_drafts):
+    # valid_prefix(tokens) -> int: how many of tokens the grammar would take in order, consuming none
+    # forced() -> list[int]: the tokens the grammar forces from here
 
 
 class ConstraintSource(Protocol):
@@ -514,9 +517,12 @@ class Engine:
                     stats.context_shifts += 1
                     continue
                 drafts: list[int] = []
+                looked_up = True  # drafts from the drafter (it learns from their fate), not the grammar
                 if drafter is not None:
-                    drafts = drafter.propose(limit=min(max_new - stats.completion_tokens - 1,
-                                                       self.context_length - pos - 1))
+                    limit = min(max_new - stats.completion_tokens - 1, self.context_length - pos - 1)
+                    drafts = drafter.propose(limit=limit)
+                    if constraint is not None:
+                        drafts, looked_up = grammar_drafts(constraint, drafts, limit)
                 out = self._decode_step(slot, claim, cancel, request, token, pos, drafts, rng, history, constraint,
                                         max_new - stats.completion_tokens)
                 if out is _CANCELLED:
@@ -524,7 +530,8 @@ class Engine:
                     return
                 events, rng, accepted, drafted = out  # drafted: what the call had room for
                 if drafts:
-                    drafter.observe(drafted, accepted)
+                    if looked_up:
+                        drafter.observe(drafted, accepted)
                     stats.drafted += drafted
                     stats.draft_accepted += accepted
                     self.drafted += drafted

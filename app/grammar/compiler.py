@@ -36,6 +36,14 @@ class TokenMatcher:
         if not self._m.consume_token(token_id):
             raise GrammarError(self._m.get_error() or f"token {token_id} does not fit the grammar")
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar would take from here (nothing consumed)."""
+        return self._m.validate_tokens(tokens) if tokens else 0
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from here (a schema's fixed keys and punctuation)."""
+        return list(self._m.compute_ff_tokens())
+
     @property
     def done(self) -> bool:
         """The grammar is complete: only an end-of-turn token may follow."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.engine.batching import DecodeJob, choose_batch, rows_of, verify
+from app.engine.batching import DecodeJob, choose_batch, grammar_drafts, rows_of, verify
 from app.engine.scheduler import Claim
 
 
@@ -109,3 +109,26 @@ def test_verify_without_drafts_samples_one_row():
     j = job(1, 0, [], picks=[3])
     verify(j, 0, None)
     assert [e.token_id for e in j.events] == [3] and j.accepted == 0
+
+
+class FakeGrammar:
+    def __init__(self, takes: int, forced: list[int]):
+        self.takes, self._forced = takes, forced
+
+    def valid_prefix(self, tokens):
+        return min(self.takes, len(tokens))
+
+    def forced(self):
+        return list(self._forced)
+
+
+def test_grammar_drafts_cut_refused_tokens_or_take_the_forced_ones():
+    # the grammar takes 2 of 5 looked-up drafts, forces nothing: the 2
+    assert grammar_drafts(FakeGrammar(2, []), [1, 2, 3, 4, 5], 10) == ([1, 2], True)
+    # it forces 3 tokens: longer than what it takes of the lookup, so those (within the limit)
+    assert grammar_drafts(FakeGrammar(2, [7, 8, 9]), [1, 2, 3, 4, 5], 10) == ([7, 8, 9], False)
+    assert grammar_drafts(FakeGrammar(2, [7, 8, 9]), [1, 2, 3, 4, 5], 2) == ([1, 2], True)
+    assert grammar_drafts(FakeGrammar(0, [7]), [], 10) == ([7], False)
+    assert grammar_drafts(FakeGrammar(0, [7]), [], 0) == ([], True)
+    # a constraint without the optional methods: the drafts as they are
+    assert grammar_drafts(object(), [1, 2], 10) == ([1, 2], True)

@@ -151,6 +151,25 @@ def test_sampled_output_under_a_grammar_with_a_seed_is_plain_decodings(model, mo
     assert drafted > 0
 
 
+def test_a_grammars_forced_tokens_are_drafted(model, model_dir, prompts):
+    """Keys a schema fixes are drafted from the grammar (nothing in a poem's prompt to copy them
+    from) and accepted: the output stays plain decoding's."""
+    from app.grammar import GrammarCompiler, json_grammar, output_grammar
+
+    compiler = GrammarCompiler.from_file(model_dir / "tokenizer.json", model.info.vocab_size, model.info.eos_ids)
+    schema = {"type": "object", "properties": {"the_title_of_this_poem_in_plain_words": {"type": "string"},
+                                               "the_number_of_its_verses_counted_by_hand": {"type": "integer"}},
+              "required": ["the_title_of_this_poem_in_plain_words", "the_number_of_its_verses_counted_by_hand"]}
+    grammar = compiler.compile(output_grammar(json_grammar(schema)))
+    request = GenerationRequest(prompts[1], 60, GREEDY, frozenset({2}), constraint=grammar)
+    plain = Engine(model, slots=2, draft_max=0, prefix_reuse=False)
+    expected = [e.token_id for e in plain.generate(request)]
+    spec = Engine(model, slots=2, draft_max=16, prefix_reuse=False)
+    gen = spec.generate(request)
+    assert [e.token_id for e in gen] == expected
+    assert gen.stats.draft_accepted >= 8, gen.stats  # the two keys' tokens, at least
+
+
 @pytest.fixture(scope="module")
 def qwen(qwen_dir):
     m = NativeModel(qwen_dir / "model.pte")
