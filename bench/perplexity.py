@@ -52,7 +52,7 @@ from typing import Callable
 import requests
 
 from bench import peer
-from bench.models import DEFAULT_MODEL, built_models, is_built, label, model_json, source_gguf
+from bench.models import DEFAULT_MODEL, built_models, is_built, label, model_json, models_root, source_gguf
 from bench.table import NOT_BUILT, Row, log
 from bench.workers import Worker, WorkerError
 
@@ -148,11 +148,13 @@ def file_sha256(path: Path, _cache: dict = {}) -> str:  # noqa: B006 (one hash p
 
 
 def builds_of(gguf: Path, candidates: list[Path] | None = None) -> list[Path]:
-    """The built models made from this very file: their manifests name its size and SHA-256 (the
-    file is hashed only when some manifest names its size)."""
+    """The built models made from this very file whose context holds a window (N_CTX): their
+    manifests name its size and SHA-256 (the file is hashed only when some manifest names its size)."""
     size = gguf.stat().st_size
-    candidates = built_models() if candidates is None else candidates
-    sources = {d: model_json(d, "etserve.json").get("source") or {} for d in candidates if is_built(d)}
+    if candidates is None:  # the registry's builds, and build-gguf's (models/gguf/<sha256[:16]>/<variant>)
+        candidates = built_models() + sorted(p.parent for p in (models_root() / "gguf").glob("*/*/etserve.json"))
+    manifests = {d: model_json(d, "etserve.json") for d in candidates if is_built(d)}
+    sources = {d: m.get("source") or {} for d, m in manifests.items() if m.get("max_seq_len", 0) >= N_CTX}
     same_size = [d for d, s in sources.items() if s.get("gguf_size") == size]
     if not same_size:
         return []

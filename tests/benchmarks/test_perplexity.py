@@ -113,14 +113,14 @@ def test_too_short_a_text_scores_nothing():
 
 
 def _build(root: Path, name: str, gguf: Path | None, size: int | None = None, rows: int | None = None,
-           quantize: str = "none") -> Path:
+           quantize: str = "none", ctx: int = 512) -> Path:
     d = root / name
     d.mkdir(parents=True)
     (d / "model.pte").write_bytes(b"pte")
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest() if gguf else "0" * 64
     size = gguf.stat().st_size if size is None and gguf else size
     (d / "etserve.json").write_text(json.dumps({"source": {"gguf_size": size, "gguf_sha256": digest},
-                                                "quantize": quantize, "logit_rows": rows}))
+                                                "quantize": quantize, "logit_rows": rows, "max_seq_len": ctx}))
     return d
 
 
@@ -134,7 +134,8 @@ def test_builds_of_a_gguf_are_the_ones_its_checksum_names(tmp_path):
     unrelated = _build(tmp_path, "u/ctx512-fp32-sdpa", None, size=7)
     unfinished = _build(tmp_path, "m/ctx1024-fp32-sdpa", gguf)
     (unfinished / "model.pte").unlink()
-    assert builds_of(gguf, [mine, same_size, unrelated, unfinished]) == [mine]
+    too_short = _build(tmp_path, "m/ctx128-fp32-sdpa", gguf, ctx=128)  # holds no 512-token window
+    assert builds_of(gguf, [mine, same_size, unrelated, unfinished, too_short]) == [mine]
     assert builds_of(gguf, [same_size, unrelated]) == []
 
 
@@ -151,3 +152,13 @@ def test_pick_prefers_the_named_build_then_rows_builds(tmp_path):
     assert pick(builds, None, quantized=True) == quant
     assert pick([plain], None, quantized=True) is None
     assert pick([], None) is None
+
+
+def test_builds_of_looks_in_the_registrys_builds_and_build_ggufs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
+    gguf = tmp_path / "gguf" / "m.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF" + bytes(10))
+    named = _build(tmp_path / "models", "m/ctx512-fp32-sdpa-r32", gguf)
+    by_file = _build(tmp_path / "models", "gguf/0123456789abcdef/ctx2048-fp32-sdpa", gguf)
+    assert sorted(builds_of(gguf)) == sorted([named, by_file])
