@@ -1,6 +1,6 @@
 """`make bench`: every ratio the bench measures, from one run, as one markdown table.
 
-    python -m bench.report [--model-dir DIR] [--smol-dir DIR] [--threads 2] [--only own|peer]
+    python -m bench.report [--model-dir DIR] [--smol-dir DIR] [--threads 2] [--only own|peer|perplexity|...]
 
 Builds no model: an input that is not built makes its rows say so (`make model` builds them).
 The one thing it may build is the peer, llama.cpp's server, when its cache is missing
@@ -17,7 +17,9 @@ Sections (each module's docstring says how its rows are measured):
                     saved sessions, /health under load, memory, bandwidth, decode by fill
   bench/versus.py   etserve against llama.cpp's server on the same model and threads: decode,
                     prefill, time to first token from 1k to 24k tokens, decode at fill 12k,
-                    memory; bench/fim.py (fill-in-the-middle) and bench/perplexity.py
+                    memory; bench/fim.py (fill-in-the-middle)
+  bench/perplexity.py  perplexity per architecture (llama, qwen2, gemma3, and a qwen2 7B when
+                    built): etserve's build of a GGUF against llama-perplexity on the same file
   bench/speculation.py  code edits with drafts on and off, and llama.cpp's ngram spec types
   bench/sharing.py  a shared box: an editor's infill while an agent's 12k prompt is read, four
                     chats at once, memory with the default slots (both servers' default slots)
@@ -40,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import agents, own, sharing, speculation, versus  # noqa: E402
+from bench import agents, own, perplexity, sharing, speculation, versus  # noqa: E402
 from bench.machine import cpu_model, cpu_tier, load_average, memory_bandwidth, native_build  # noqa: E402
 from bench.models import default_model_dir, models_root  # noqa: E402
 from bench.table import log, markdown  # noqa: E402
@@ -55,8 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smol-dir", type=Path, default=models_root() / "smollm2-135m" / "ctx512-fp32-sdpa-r32")
     p.add_argument("--smol-plain-dir", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", choices=("own", "peer", "sharing", "speculation"), default=None,
-                   help="one section only (sharing: the shared-box rows alone; speculation: the code-edit rows)")
+    p.add_argument("--only", choices=("own", "peer", "perplexity", "sharing", "speculation"), default=None,
+                   help="one section only (peer: against llama.cpp, perplexity included; perplexity: the "
+                        "perplexity table alone; sharing: the shared-box rows alone; speculation: the code-edit rows)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the decode comparisons")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens each decode comparison generates")
     p.add_argument("--rounds", type=int, default=3, help="alternated repetitions of each short comparison")
@@ -73,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-smol", action="store_true")
     p.add_argument("--skip-fim", action="store_true")
     p.add_argument("--fim-cases", type=int, default=None, help="the first N FIM cases only (default: all 20)")
-    p.add_argument("--skip-perplexity", action="store_true")
+    p.add_argument("--skip-perplexity", action="store_true", help="no perplexity table (bench/perplexity.py)")
     p.add_argument("--skip-agents", action="store_true", help="no Claude Code rows (they take ~10 min)")
     p.add_argument("--skip-speculation", action="store_true",
                    help="no speculative-decoding rows (bench/speculation.py: code edits, drafts on and off)")
@@ -98,9 +101,10 @@ PAGE_HEADER = """\
 The ratios `make bench` measures, from its latest run on the host named below. How each row is
 measured is in the docstring of its section: `bench/own.py` (etserve against its own parts) and
 `bench/versus.py` (against llama.cpp's `llama-server` on the same model, built by
-`make bench-peer`), with `bench/agents.py`, `bench/fim.py` and `bench/perplexity.py`. Sides are
+`make bench-peer`), with `bench/agents.py`, `bench/fim.py` and `bench/perplexity.py` (perplexity per
+architecture: `llama-perplexity` on the very GGUF etserve's build was made from). Sides are
 alternated (A B, B A, A B) so that drift in the machine's load cancels out; only ratios from one
-run compare. `--only own` or `--only peer` runs one section. The peer is built once by
+run compare. `--only own`, `--only peer` or `--only perplexity` runs one section. The peer is built once by
 `make bench-peer` into `~/.cache/etserve/peer/` (outside the repository) from the
 `llama-cpp-python` sdist's vendored llama.cpp, and runs as `llama-server -t N -tb N -np 1
 --cache-ram 0` (N the bench's `--threads`) on the model's GGUF requantized to Q4_0; a missing model build makes its rows
@@ -161,6 +165,9 @@ def main(argv=None) -> None:
                     rows += speculation.agent_edit_rows(args, results)
         if not args.skip_agents and args.only not in ("sharing", "speculation"):
             rows += agents.agent_rows(args, results)
+    if args.only in (None, "peer", "perplexity") and not args.skip_perplexity:
+        missing = versus.peer_ready(build=not args.no_peer_build)
+        rows += perplexity.rows_not_run(missing) if missing else perplexity.perplexity_rows(args, results)
     load_end = load_average()
     minutes = (time.monotonic() - started) / 60
     machine = f"memory bandwidth (numpy copy, {args.threads} threads) {bandwidth / 1e9:.1f} GB/s; " if bandwidth else ""

@@ -12,7 +12,8 @@
 
 Requests: {"op": "decode", "fills": [...], "steps": N, "ids": [...]?, "logit_bias": {...}?}
 (ours, et: bench.decoding.decode_fills); {"op": "perplexity", "ids": [...], "n_ctx": 512,
-"bos": id or null} (ours: llama-perplexity's windows, see `perplexity_windows`); and
+"bos": id or null, "use_rows": true} (ours: llama-perplexity's windows, see `perplexity_windows`;
+a rows build scores a forward_rows call's worth of positions per call unless use_rows is false); and
 {"op": "generate", "prompt": str, "max_new_tokens": N} (runner). The first line out is the
 model's info, or {"error": ...}.
 """
@@ -55,43 +56,74 @@ def open_ours(model_dir: Path, threads: int) -> dict:
         ids = ids or filler(max(fills), info["vocab"])
         return decode_fills(model.forward, choose, ids, fills, steps, min(128, info["max_prefill"]))
 
-    def perplexity(ids, n_ctx, bos=None):
-        return perplexity_windows(model.forward, model.logits, ids, n_ctx, bos, min(128, info["max_prefill"]))
+    def rows(tokens, positions):
+        model.forward_rows(tokens, positions, [0] * len(tokens))  # slot 0: the program's own caches
+        for r in range(len(tokens)):
+            model.use_row(r)
+            yield model.logits()
+
+    def perplexity(ids, n_ctx, bos=None, use_rows=True):
+        import time
+
+        started = time.monotonic()
+        out = perplexity_windows(model.forward, model.logits, ids, n_ctx, bos, min(128, info["max_prefill"]),
+                                 rows, model.info.max_rows if use_rows else 0)
+        return {**out, "rows": model.info.max_rows if use_rows else 0, "seconds": time.monotonic() - started}
 
     return {"info": info, "decode": decode, "perplexity": perplexity}
 
 
-def perplexity_windows(forward, logits, ids, n_ctx, bos, chunk) -> dict:
+def perplexity_windows(forward, logits, ids, n_ctx, bos, chunk, rows=None, max_rows=0) -> dict:
     """Perplexity over `ids` scored as llama.cpp's llama-perplexity scores it: the text cut into
     windows of n_ctx tokens (a trailing partial window is dropped), each evaluated from an empty
     cache (its first token replaced by `bos` when the model adds one), and in each window only
     the tokens after the first half are scored (each predicted from at least n_ctx/2 tokens).
 
-    The runtime returns the logits of the last position of a forward call only, so the first
-    half is prefilled in chunks and each scored position is then one forward of one token:
-    exact (every prediction is the model's own full-vocabulary distribution at that position),
-    at the cost of a decode step per scored token. log-softmax in float64."""
+    A plain build returns the logits of a forward call's last position only: the first half is
+    prefilled in chunks of `chunk`, then each scored position is one forward of one token (a
+    decode step per scored token). A rows build (`rows(tokens, positions)`: one forward_rows
+    call, yielding each row's logits in order; `max_rows` > 0) prefills the first half but its
+    last token, then scores up to max_rows positions per call, each row bit for bit the decode
+    step of its token (tests/engine/test_rows.py). Either way exact: every prediction is the
+    model's own full-vocabulary distribution at that position; log-softmax in float64."""
     import math
 
     import numpy as np
 
     first = n_ctx // 2
-    nll, count = 0.0, 0
+    nll, count, calls = 0.0, 0, 0
+
+    def score(row, target: int) -> float:
+        row = np.frombuffer(row, dtype=np.float32).astype(np.float64)
+        top = row.max()
+        return top + math.log(np.exp(row - top).sum()) - row[target]
+
     for start in range(0, len(ids) - n_ctx + 1, n_ctx):
         window = list(ids[start:start + n_ctx])
         if bos is not None:
             window[0] = bos
+        if rows is not None and max_rows > 0:
+            for pos in range(0, first, chunk):  # positions 0..first-1; the rows calls start at first
+                forward(window[pos:min(pos + chunk, first)], pos)
+                calls += 1
+            for pos in range(first, n_ctx - 1, max_rows):  # scored positions first..n_ctx-2
+                end = min(pos + max_rows, n_ctx - 1)
+                for i, row in enumerate(rows(window[pos:end], list(range(pos, end)))):
+                    nll += score(row, window[pos + i + 1])
+                    count += 1
+                calls += 1
+            continue
         for pos in range(0, first + 1, chunk):  # positions 0..first: the last one predicts first+1
             forward(window[pos:min(pos + chunk, first + 1)], pos)
+            calls += 1
         for pos in range(first, n_ctx - 1):
             if pos > first:
                 forward([window[pos]], pos)
-            row = np.frombuffer(logits(), dtype=np.float32).astype(np.float64)
-            top = row.max()
-            logz = top + math.log(np.exp(row - top).sum())
-            nll += logz - row[window[pos + 1]]
+                calls += 1
+            nll += score(logits(), window[pos + 1])
             count += 1
-    return {"nll": nll, "count": count, "windows": (len(ids) // n_ctx), "ppl": math.exp(nll / count) if count else None}
+    return {"nll": nll, "count": count, "windows": len(ids) // n_ctx, "calls": calls,
+            "ppl": math.exp(nll / count) if count else None}
 
 
 def _custom_ops_runtime(threads: int):

@@ -24,8 +24,11 @@ llama.cpp is asked not to reuse its slot's cache (`cache_prompt: false`).
   RSS at 32k           etserve's worker VmRSS serving a 32,768-token build ÷ llama-server's at -c 32768
   RSS at same ctx      etserve's worker VmRSS ÷ llama-server's at etserve's context length, both
                        measured at the end of the same requests
-  fim                  bench/fim.py; perplexity: bench/perplexity.py (both while the servers are
-                       up, after the memory was read)
+  fim                  bench/fim.py (while the servers are up, after the memory was read)
+
+Perplexity is its own table (bench/perplexity.py: each architecture's GGUF, run by
+llama-perplexity, against etserve's build of that file), which bench/report.py runs after this
+section.
 
 The long rows need a build of the model holding 32,768 tokens: the default build when it does,
 else its ctx32768 sibling; until one is built, they run for the lengths that fit the build there
@@ -39,7 +42,6 @@ from bench import peer
 from bench.client import Stream, stream
 from bench.fim import fim_rows
 from bench.models import LONG_CONTEXT, bytes_per_token, label, long_context_dir, max_seq_len, model_json
-from bench.perplexity import perplexity_rows
 from bench.prompts import code_prompt, load_tokenizer
 from bench.servers import EtServe, LlamaServer, ServerProcess
 from bench.table import NOT_BUILT, Row, log, median
@@ -89,7 +91,7 @@ def prompt_tokens(s: Stream) -> int:
 
 
 def peer_section(args, results: dict) -> list[Row]:
-    """The speed and memory rows against llama.cpp (perplexity and FIM are their own sections)."""
+    """The speed and memory rows against llama.cpp, and FIM (its own module)."""
     default_dir = args.model_dir
     long_dir = long_context_dir(default_dir)
     serve_dir = long_dir or default_dir
@@ -103,7 +105,7 @@ def peer_section(args, results: dict) -> list[Row]:
     log(f"versus llama.cpp: etserve {name} (ctx {ctx}) and llama-server -c {LONG_CONTEXT} on {gguf.name}, "
         f"{args.threads} threads each; prompt lengths {fits}")
     rows: list[Row] = []
-    extra_rows: list[Row] = []  # FIM and perplexity, run while both servers are up
+    extra_rows: list[Row] = []  # FIM, run while both servers are up
     et_server = EtServe(serve_dir, args.threads)
     try:
         llama_server = LlamaServer(peer.program("llama-server"), gguf, args.threads, LONG_CONTEXT)
@@ -202,8 +204,6 @@ def peer_section(args, results: dict) -> list[Row]:
         log(f"VmRSS: etserve {mem_et['VmRSS'] / 2**20:.0f} MiB, llama.cpp {mem_llama['VmRSS'] / 2**20:.0f} MiB")
         if not args.skip_fim:
             extra_rows += fim_rows({"etserve": et_server.url, "llama.cpp": llama_server.url}, results, args.fim_cases)
-        if not args.skip_perplexity:
-            extra_rows += perplexity_rows(serve_dir, llama_server.url, args.threads, results)
     finally:
         et_server.stop()
         llama_server.stop()
@@ -244,8 +244,7 @@ def peer_ready(build: bool) -> str | None:
 
 
 def rows_not_run(why: str) -> list[Row]:
-    from bench import fim, perplexity
+    from bench import fim
 
-    names = [DECODE, PREFILL_1K, *(ttft_name(n) for n in LENGTHS), DECODE_FILL, RSS_32K, RSS_SAME, fim.NAME,
-             perplexity.NAME]
+    names = [DECODE, PREFILL_1K, *(ttft_name(n) for n in LENGTHS), DECODE_FILL, RSS_32K, RSS_SAME, fim.NAME]
     return [Row(n, "etserve vs llama.cpp", f"n/a: {why}") for n in names]
