@@ -16,7 +16,9 @@ _GLOBAL_NAMES = {
     "token_embd.weight": "tok_embeddings.weight",
     "output_norm.weight": "norm.weight",
     "output.weight": "output.weight",
+    "rope_freqs.weight": "rope_freqs",  # not a weight: Llama 3 rope scaling (arch/llama3_rope.py)
 }
+ROPE_FREQS = "rope_freqs"
 _LAYER_NAMES = {
     "attn_norm.weight": "attention_norm.weight",
     "attn_q.weight": "attention.wq.weight",
@@ -34,11 +36,14 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
-def executorch_name(gguf_name: str, extra: Optional[dict[str, str]] = None) -> str:
-    """ExecuTorch llama parameter name for a GGUF tensor name (``extra``: the architecture
-    family's own per-layer names, app/models/arch)."""
+def executorch_name(gguf_name: str, extra: Optional[dict[str, str]] = None,
+                    extra_global: Optional[dict[str, str]] = None) -> str:
+    """ExecuTorch llama parameter name for a GGUF tensor name (``extra`` / ``extra_global``: the
+    architecture family's own per-layer and global names, app/models/arch)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    if extra_global and gguf_name in extra_global:
+        return extra_global[gguf_name]
     m = _LAYER_RE.match(gguf_name)
     if m:
         names = {**_LAYER_NAMES, **(extra or {})}
@@ -47,8 +52,9 @@ def executorch_name(gguf_name: str, extra: Optional[dict[str, str]] = None) -> s
     raise KeyError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
-def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool) -> dict[str, Any]:
-    """``params.json`` content (ExecuTorch ``ModelArgs``) from GGUF metadata."""
+def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool, rope_freqs=None) -> dict[str, Any]:
+    """``params.json`` content (ExecuTorch ``ModelArgs``) from GGUF metadata (and the file's
+    ``rope_freqs.weight``, if it has one: Llama 3's rope scaling)."""
     arch = md["general.architecture"]
     if arch != spec.architecture:
         raise ValueError(f"GGUF architecture {arch!r}, expected {spec.architecture!r}")
@@ -72,6 +78,12 @@ def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool) -> dict
     fam = family(arch)
     if fam is not None:
         fam.update_params(md, params)
+    if rope_freqs is not None:
+        from .arch import UnsupportedGGUF, llama3_rope
+
+        if params["use_hf_rope"]:  # ExecuTorch scales only its interleaved (llama) rope
+            raise UnsupportedGGUF(f"{arch}: rope_freqs.weight (rope scaling) is supported for llama only")
+        params.update(llama3_rope.scaling_params(md, rope_freqs, params["head_dim"], params["rope_theta"]))
     return params
 
 
@@ -83,11 +95,12 @@ def dequantized_state_dict(reader, spec: ModelSpec) -> dict:
 
     fam = family(spec.architecture)
     extra = fam.LAYER_NAMES if fam is not None else None
+    extra_global = getattr(fam, "GLOBAL_NAMES", None)
     sd = {}
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, order="C").reshape(shape)  # own copy
-        sd[executorch_name(t.name, extra)] = torch.from_numpy(arr)
+        sd[executorch_name(t.name, extra, extra_global)] = torch.from_numpy(arr)
     if "output.weight" not in sd:
         if not spec.tied_output:
             raise ValueError(f"{spec.name}: GGUF has no output.weight but model is not tied")
@@ -112,7 +125,8 @@ def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path
     if "int8" in str(work_dir) or "8da4w" in str(work_dir):
         raise ValueError(f"checkpoint dir {work_dir} must not contain 'int8' or '8da4w'")
     sd = dequantized_state_dict(reader, spec)
-    params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd)
+    params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd,
+                         rope_freqs=sd.pop(ROPE_FREQS, None))
     fam = family(spec.architecture)
     if fam is not None:
         fam.fold(sd, params)

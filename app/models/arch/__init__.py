@@ -67,6 +67,13 @@ def check_gguf(path: Path) -> str:
         what = "; ".join(f"{k} ({len(v)} tensors, e.g. {v[0]})" for k, v in sorted(bad.items()))
         raise UnsupportedGGUF(f"{Path(path).name}: unsupported GGUF tensor type {what} "
                               f"(supported: {', '.join(TENSOR_TYPES)})")
+    if arch == "llama":
+        from . import llama3_rope
+
+        llama3_rope.check(header.metadata)
+    elif any(t.name == "rope_freqs.weight" for t in header.tensors):
+        raise UnsupportedGGUF(f"{Path(path).name}: {arch} with rope_freqs.weight (rope scaling factors) "
+                              "is not supported (only llama's, Llama 3 scaling)")
     fam = family(arch)
     if fam is not None:
         fam.check(header.metadata)
