@@ -97,3 +97,26 @@ def test_llama32_rope_scaling_logits_match_transformers(tmp_path):
     assert diff < RTOL
     unscaled = rel_diff(ours, reference_logits(gguf, TOKENS))  # the test sees the scaling
     assert unscaled > 50 * RTOL, unscaled
+
+
+@pytest.mark.slow
+def test_phi3_fused_partial_rotary_longrope_logits_match_transformers(tmp_path):
+    """Phi-4-mini's shape of phi3: fused qkv and gate/up, 3/4 of each head rotary, LongRoPE with an
+    original context (64) the build's (128) exceeds: the long factors and the attention factor."""
+    rng = np.random.default_rng(1)
+    short, long = 1 + rng.random(12) * 0.5, 1 + rng.random(12) * 8  # 24 rotary dims of 32
+    gguf = write_tiny(tmp_path / "tiny-phi3.gguf", "phi3", dim=128, heads=4, kv_heads=4, theta=10000.0, rope_dims=24,
+                      rope_factors=(short, long), original_context=64, tied=False, name="Tiny Phi3")
+    model_dir = build(gguf, tmp_path / "cache")
+    params = json.loads((model_dir / "params.json").read_text())
+    assert (params["head_dim"], params["partial_rotary_factor"], params["original_max_position_embeddings"],
+            params["max_position_embeddings"]) == (32, 0.75, 64, 512)
+    assert params["use_hf_rope"] and len(params["rope_scaling_long_factor"]) == 12
+    ours = our_logits(model_dir, TOKENS)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [float(np.float32(x)) for x in short], "long_factor": [float(np.float32(x)) for x in long],
+            "original_max_position_embeddings": 64}
+    ref = reference_logits(gguf, TOKENS, rope_parameters=rope, original_max_position_embeddings=64)
+    diff = rel_diff(ours, ref)
+    print(f"phi3 (fused, partial rotary, LongRoPE): max abs logit diff / max |logit| vs transformers: {diff:.1e}")
+    assert diff < RTOL
