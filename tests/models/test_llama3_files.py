@@ -35,6 +35,41 @@ def llama3_file(tmp_path_factory):
                       rope_freqs=llama3_rope_factors(32, 500000.0, 8.0), name="Tiny Llama 3.1")
 
 
+def test_gpt4o_pre_tokenizer_matches_transformers(tmp_path):
+    """Phi-4-mini's BPE (pre "gpt-4o", o200k's split: cased words, digits in threes, "/" kept with
+    newlines) on the same tiny vocabulary."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from app.models.gguf_file import file_spec
+    from app.models.gguf_meta import open_gguf, read_metadata
+    from app.models.tokenizer_files import write_tokenizer_files
+
+    (tmp_path / "gguf").mkdir()  # transformers reads the GGUF's directory: not our tokenizer.json's
+    path = write_tiny(tmp_path / "gguf" / "gpt4o.gguf", "phi3", tokenizer="llama3", pre="gpt-4o", layers=1, dim=64,
+                      heads=2, kv_heads=2)
+    write_tokenizer_files(read_metadata(open_gguf(path)), file_spec(path), tmp_path, max_seq_len=128)
+    ours = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    reference = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in TEXTS + ["CamelCaseWords HTTPServer don'T a/b\n/c", "aB xaBy"]:
+        assert ours.encode(text).ids == reference.encode(text, add_special_tokens=False), text
+    assert len(ours.encode("aB").ids) == 2  # cut at the case change (Llama 3's split: one piece)
+
+
+def test_unknown_tokenizer_is_refused_from_the_header(tmp_path):
+    path = tmp_path / "tok.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("deepseek-coder")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedGGUF, match="unsupported GGUF tokenizer 'gpt2' with pre-tokenizer 'deepseek-coder'"):
+        check_gguf(path)
+
+
 def test_llama3_tokenizer_matches_transformers(llama3_file, tmp_path):
     pytest.importorskip("transformers")
     from tokenizers import Tokenizer
@@ -52,6 +87,7 @@ def test_llama3_tokenizer_matches_transformers(llama3_file, tmp_path):
     for text in TEXTS:
         assert ours.encode(text).ids == reference.encode(text, add_special_tokens=False), text
     assert len(ours.encode("123456789").ids) == 3  # digits in runs of three (pre "llama-bpe")
+    assert len(ours.encode("aB").ids) == 1
     served = ServedTokenizer.from_dir(tmp_path)
     bos, eot = served.token_to_id("<|begin_of_text|>"), served.token_to_id("<|eot_id|>")
     assert cfg["add_bos_token"] is True and served.encode("Hi")[0] == bos

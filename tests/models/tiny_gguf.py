@@ -18,7 +18,10 @@ VOCAB = 2048  # byte-level pieces kept from Qwen's vocabulary (the first 256 are
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                    "<|eot_id|>")
-DIGIT_MERGES = (("1", "2"), ("12", "3"), ("4", "5"), ("45", "6"), ("7", "8"), ("78", "9"), ("2", "3"), ("23", "4"))
+# Llama 3 / GPT-4o style only: Qwen has no multi-digit pieces (Llama 3 splits digits in runs of up to
+# three), and "aB" is one piece where Llama 3's split keeps a word whole and GPT-4o's cuts at the case change.
+DIGIT_MERGES = (("1", "2"), ("12", "3"), ("4", "5"), ("45", "6"), ("7", "8"), ("78", "9"), ("2", "3"), ("23", "4"),
+                ("a", "B"))
 QWEN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -44,13 +47,13 @@ def _qwen_pieces() -> tuple[list[str], list[str]]:
     return list(tokens), merges
 
 
-def add_tokenizer(w, style: str) -> int:
+def add_tokenizer(w, style: str, pre: Optional[str] = None) -> int:
     """Tokenizer metadata of ``style`` "qwen" (pre qwen2, ChatML) or "llama3" (pre llama-bpe, BOS
-    added, Llama 3's header tokens); returns the vocabulary size."""
+    added, Llama 3's header tokens; ``pre`` another pre-tokenizer); returns the vocabulary size."""
     import gguf
 
     tokens, merges = _qwen_pieces()
-    if style == "llama3":  # Qwen has no multi-digit pieces; Llama 3 splits digits in runs of up to three
+    if style == "llama3":
         tokens = tokens + [a + b for a, b in DIGIT_MERGES]
         merges = merges + [f"{a} {b}" for a, b in DIGIT_MERGES]
     specials = QWEN_SPECIALS if style == "qwen" else LLAMA3_SPECIALS
@@ -69,7 +72,7 @@ def add_tokenizer(w, style: str) -> int:
         w.add_add_bos_token(False)
         w.add_chat_template(QWEN_TEMPLATE)
     else:
-        w.add_tokenizer_pre("llama-bpe")
+        w.add_tokenizer_pre(pre or "llama-bpe")
         w.add_bos_token_id(ids["<|begin_of_text|>"])
         w.add_eos_token_id(ids["<|eot_id|>"])
         w.add_add_bos_token(True)
@@ -103,7 +106,7 @@ def write_tiny(path: Path, arch: str, *, tokenizer: str = "qwen", layers: int = 
                theta: float = 1e6, context: int = 512, qkv_bias: bool = False, qk_norm: bool = False,
                rope_freqs: Optional[np.ndarray] = None, tied: bool = True, name: str = "Tiny",
                rope_dims: Optional[int] = None, rope_factors: Optional[tuple] = None,
-               original_context: Optional[int] = None, seed: int = 0) -> Path:
+               original_context: Optional[int] = None, pre: Optional[str] = None, seed: int = 0) -> Path:
     """A random ``arch`` GGUF at ``path``; ``head_dim`` given: written as ``attention.key_length``.
 
     phi3 as llama.cpp's converter writes it: q, k and v in one ``attn_qkv``, gate and up in one
@@ -140,7 +143,7 @@ def write_tiny(path: Path, arch: str, *, tokenizer: str = "qwen", layers: int = 
         w.add_rope_dimension_count(rope_dims)
     if original_context is not None:
         w.add_rope_scaling_orig_ctx_len(original_context)
-    vocab = add_tokenizer(w, tokenizer)
+    vocab = add_tokenizer(w, tokenizer, pre)
     w.add_tensor("token_embd.weight", rnd(vocab, dim, scale=1.0))
     if not tied:
         w.add_tensor("output.weight", rnd(vocab, dim))
