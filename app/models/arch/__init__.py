@@ -23,11 +23,6 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
-# tokenizer.ggml.model "gpt2" (byte-level BPE): the pre-tokenizers app/models/tokenizer_files.py
-# replicates; "llama" without merges is SentencePiece BPE (Gemma, Mistral, Phi-3).
-PRE_TOKENIZERS = ("qwen2", "llama-bpe", "smollm", "gpt-4o")
-
-
 class UnsupportedGGUF(ValueError):
     """A GGUF of an architecture or tensor type we do not build (the message is one line)."""
 
@@ -77,11 +72,6 @@ def check_gguf(path: Path) -> str:
         what = "; ".join(f"{k} ({len(v)} tensors, e.g. {v[0]})" for k, v in sorted(bad.items()))
         raise UnsupportedGGUF(f"{Path(path).name}: unsupported GGUF tensor type {what} "
                               f"(supported: {', '.join(TENSOR_TYPES)})")
-    model, pre = header.metadata.get("tokenizer.ggml.model"), header.metadata.get("tokenizer.ggml.pre")
-    spm = model == "llama" and "tokenizer.ggml.merges" not in header.metadata
-    if model is not None and not spm and not (model == "gpt2" and pre in PRE_TOKENIZERS):
-        raise UnsupportedGGUF(f"{Path(path).name}: unsupported GGUF tokenizer {model!r} with pre-tokenizer {pre!r} "
-                              f"(supported: SentencePiece 'llama', 'gpt2' with {', '.join(PRE_TOKENIZERS)})")
     if arch == "llama":
         from . import llama3_rope
 
