@@ -120,3 +120,28 @@ def test_phi3_fused_partial_rotary_longrope_logits_match_transformers(tmp_path):
     diff = rel_diff(ours, ref)
     print(f"phi3 (fused, partial rotary, LongRoPE): max abs logit diff / max |logit| vs transformers: {diff:.1e}")
     assert diff < RTOL
+
+
+def test_phi3_checkpoint_splits_the_fused_tensors(tmp_path):
+    """Without a build: attn_qkv's rows become wq/wk/wv (q: dim rows, k and v half the rest), ffn_up's
+    halves w1 (gate) and w3 (up); no LongRoPE fields without the factor tensors (Phi-3-mini-4k)."""
+    pytest.importorskip("torch")
+    from app.models.checkpoint import dequantized_state_dict, make_params, rope_tensors
+    from app.models.gguf_file import file_spec
+    from app.models.gguf_meta import open_gguf, read_metadata
+
+    path = write_tiny(tmp_path / "phi3.gguf", "phi3", layers=1, dim=64, heads=4, kv_heads=2, hidden=96,
+                      rope_dims=16, original_context=4096)
+    reader = open_gguf(path)
+    spec = file_spec(path, reader)
+    sd = dequantized_state_dict(reader, spec)
+    fused = {t.name: np.asarray(t.data, dtype=np.float32) for t in reader.tensors}
+    qkv, up = fused["blk.0.attn_qkv.weight"], fused["blk.0.ffn_up.weight"]
+    assert qkv.shape == (64 + 2 * 32, 64) and up.shape == (2 * 96, 64)
+    for name, rows in (("attention.wq", qkv[:64]), ("attention.wk", qkv[64:96]), ("attention.wv", qkv[96:]),
+                       ("feed_forward.w1", up[:96]), ("feed_forward.w3", up[96:])):
+        np.testing.assert_array_equal(sd[f"layers.0.{name}.weight"].numpy(), rows, err_msg=name)
+    assert not any("qkv" in k or "w13" in k for k in sd)
+    params = make_params(read_metadata(reader), spec, has_qkv_bias=False, rope=rope_tensors(reader))
+    assert (params["head_dim"], params["partial_rotary_factor"], params["use_hf_rope"]) == (16, 1.0, True)
+    assert not any(k.startswith("rope_scaling") or "position_embeddings" in k for k in params)
