@@ -1,10 +1,11 @@
 """Architecture families a GGUF can be built from, and the quick refusal of the others.
 
 Each family maps the GGUF's own facts (``general.architecture`` and its ``<arch>.*`` keys) onto
-ExecuTorch's llama model: ``llama`` and ``qwen2`` need nothing beyond app/models/checkpoint.py (llama's Llama 3 rope
-scaling: llama3_rope.py); ``qwen3`` (qwen3.py) adds the q/k norms' tensor names and params;
-``phi3`` (phi3.py) splits its fused q/k/v and gate/up tensors and maps partial rotary and
-LongRoPE; ``gemma3`` (gemma3.py) adds tensor names, params and a source transformation of the model.
+ExecuTorch's llama model: ``llama`` and ``qwen2`` need nothing beyond app/models/checkpoint.py
+(llama's Llama 3 rope scaling: llama3_rope.py); ``qwen3`` (qwen3.py) adds the q/k norms' tensor
+names and params; ``phi3`` (phi3.py) splits its fused q/k/v and gate/up tensors and maps partial
+rotary and LongRoPE; ``gemma3`` (gemma3.py) adds tensor names, params and a source transformation
+of the model.
 
 ``check_gguf`` reads only the header and the tensor table (memory-mapped, no tensor data), so a
 file we cannot build is refused by name in seconds, before any dequantizing or export.
