@@ -79,6 +79,7 @@ def test_llama3_tokenizer_matches_transformers(llama3_file, tmp_path):
     bos, eot = served.token_to_id("<|begin_of_text|>"), served.token_to_id("<|eot_id|>")
     assert cfg["add_bos_token"] is True and served.encode("Hi")[0] == bos
     assert eot in served.eos_token_ids and spec.bos_token_id == bos
+    assert served.token_to_id("<|end_of_text|>") in served.eos_token_ids  # Llama 3 instruct stops there too
     assert not spec.use_hf_rope  # llama.cpp permutes llama's q/k to the interleaved layout
 
 
