@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
                    help="recompute the HQQ quantization even if a build at another context length cached it")
     g = sub.add_parser("build-gguf",
                        help="build any supported GGUF file (cached by its checksum); prints the directory")
-    g.add_argument("file", help="a .gguf file (llama, qwen2 or gemma3 architecture)")
+    g.add_argument("file", help="a .gguf file (llama, qwen2, qwen3, phi3 or gemma3 architecture)")
     g.add_argument("--max-seq-len", type=int, default=None, help="context length (default from the file)")
     g.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                    help="weight quantization (default: none up to 1B parameters, else 8da4w)")

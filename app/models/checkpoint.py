@@ -17,6 +17,9 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "norm.weight",
     "output.weight": "output.weight",
 }
+# Tensors that are rope parameters, not weights: read apart (``rope_tensors``) into params.json.
+# rope_freqs: Llama 3's rope scaling (arch/llama3_rope.py); rope_factors_*: LongRoPE (arch/phi3.py).
+ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 _LAYER_NAMES = {
     "attn_norm.weight": "attention_norm.weight",
     "attn_q.weight": "attention.wq.weight",
@@ -47,8 +50,31 @@ def executorch_name(gguf_name: str, extra: Optional[dict[str, str]] = None) -> s
     raise KeyError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
-def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool) -> dict[str, Any]:
-    """``params.json`` content (ExecuTorch ``ModelArgs``) from GGUF metadata."""
+def weight_parts(gguf_name: str, shape: tuple[int, ...], fam=None) -> list[tuple[str, int, int]]:
+    """(ExecuTorch name, first row, end row) of each weight a GGUF tensor of PyTorch ``shape`` holds:
+    one, all its rows, unless it is one of the family's ``FUSED`` tensors (phi3's attn_qkv, ffn_up),
+    whose function gives each part's name and rows from the shape."""
+    fused = getattr(fam, "FUSED", None)
+    m = _LAYER_RE.match(gguf_name)
+    if fused and m and m.group(2) in fused:
+        return [(f"layers.{m.group(1)}.{name}", a, b) for name, a, b in fused[m.group(2)](shape)]
+    return [(executorch_name(gguf_name, fam.LAYER_NAMES if fam is not None else None), 0, shape[0])]
+
+
+def rope_tensors(reader) -> dict[str, Any]:
+    """The file's ``ROPE_TENSORS`` by GGUF name, as fp32 torch vectors (a few hundred values)."""
+    import numpy as np
+    import torch
+    from gguf.quants import dequantize
+
+    return {t.name: torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1))
+            for t in reader.tensors if t.name in ROPE_TENSORS}
+
+
+def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool,
+                rope: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """``params.json`` content (ExecuTorch ``ModelArgs``) from GGUF metadata and the file's
+    ``rope_tensors`` (``rope``: Llama 3's rope scaling, LongRoPE)."""
     arch = md["general.architecture"]
     if arch != spec.architecture:
         raise ValueError(f"GGUF architecture {arch!r}, expected {spec.architecture!r}")
@@ -72,6 +98,20 @@ def make_params(md: dict[str, Any], spec: ModelSpec, has_qkv_bias: bool) -> dict
     fam = family(arch)
     if fam is not None:
         fam.update_params(md, params)
+    rope = rope or {}
+    if "rope_freqs.weight" in rope:
+        from .arch import UnsupportedGGUF, llama3_rope
+
+        if params["use_hf_rope"]:  # ExecuTorch scales only its interleaved (llama) rope
+            raise UnsupportedGGUF(f"{arch}: rope_freqs.weight (rope scaling) is supported for llama only")
+        params.update(llama3_rope.scaling_params(md, rope["rope_freqs.weight"], params["head_dim"],
+                                                 params["rope_theta"]))
+    if any(name.startswith("rope_factors_") for name in rope):
+        if not hasattr(fam, "longrope_params"):
+            from .arch import UnsupportedGGUF
+
+            raise UnsupportedGGUF(f"{arch}: LongRoPE factors are supported for phi3 only")
+        fam.longrope_params(md, rope, params)
     return params
 
 
@@ -82,12 +122,14 @@ def dequantized_state_dict(reader, spec: ModelSpec) -> dict:
     from gguf.quants import dequantize
 
     fam = family(spec.architecture)
-    extra = fam.LAYER_NAMES if fam is not None else None
     sd = {}
     for t in reader.tensors:
+        if t.name in ROPE_TENSORS:  # not weights: rope_tensors()
+            continue
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, order="C").reshape(shape)  # own copy
-        sd[executorch_name(t.name, extra)] = torch.from_numpy(arr)
+        for name, a, b in weight_parts(t.name, shape, fam):
+            sd[name] = torch.from_numpy(arr if (a, b) == (0, shape[0]) else arr[a:b].copy())
     if "output.weight" not in sd:
         if not spec.tied_output:
             raise ValueError(f"{spec.name}: GGUF has no output.weight but model is not tied")
@@ -112,7 +154,7 @@ def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path
     if "int8" in str(work_dir) or "8da4w" in str(work_dir):
         raise ValueError(f"checkpoint dir {work_dir} must not contain 'int8' or '8da4w'")
     sd = dequantized_state_dict(reader, spec)
-    params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd)
+    params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd, rope=rope_tensors(reader))
     fam = family(spec.architecture)
     if fam is not None:
         fam.fold(sd, params)

@@ -16,7 +16,10 @@ from typing import Optional
 from .registry import DEFAULT_MAX_SEQ_LEN, MODELS, BuildOptions, ModelSpec, cache_root
 
 # end-of-turn tokens of the common templates: generation stops at any the vocabulary holds
-END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
+# (Llama 3.x instruct: eos <|eot_id|>, and its generation config stops at <|end_of_text|> and
+# <|eom_id|> too)
+END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>",
+               "<|eom_id|>")
 # up to this many parameters an fp32 build (faithful, 4 bytes a weight); beyond, 8da4w
 FP32_MAX_PARAMS = 1_000_000_000
 

@@ -104,8 +104,18 @@ def calibration_maxima(sd: dict, params: dict[str, Any], tokens: list[int]):
     return torch.stack([st["k"] for st in stores]), torch.stack([st["q"] for st in stores])
 
 
+def check_params(params: dict[str, Any]) -> None:
+    """The folding is exact only where q and k go from the projections straight to a full rope: a
+    q/k RMSNorm in between (qwen3, gemma3) normalizes the factors away and rescales the rest, and a
+    partial rope (phi3's partial_rotary_factor) pairs other channels than the factors do."""
+    if params.get("use_qk_norm") or float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("int8 KV cache key smoothing is not exact with q/k norms or a partial rope "
+                         "(qwen3, gemma3, phi3): build these with --kv-cache fp32")
+
+
 def apply_factors(sd: dict, s, params: dict[str, Any]) -> None:
     """Fold the factors into the q and k projections of ``sd`` (in place): q rows ⊙ s, k rows ⊘ s."""
+    check_params(params)
     n_rep = params["n_heads"] // params["n_kv_heads"]
     for i in range(s.shape[0]):
         sk = s[i].reshape(-1)  # kv heads * head_dim: the k projection's output rows
@@ -123,6 +133,7 @@ def smooth_keys(sd: dict, params: dict[str, Any], tokenizer_json: Path) -> dict:
     ``FILE`` holds: a summary and the factors (``replay`` folds the same ones in again)."""
     from tokenizers import Tokenizer
 
+    check_params(params)  # before the calibration pass
     tokens = Tokenizer.from_file(str(tokenizer_json)).encode(CALIBRATION_TEXT.read_text()).ids[:CALIBRATION_TOKENS]
     kmax, qmax = calibration_maxima(sd, params, tokens)
     s = factors(kmax, qmax, params["n_heads"] // params["n_kv_heads"])

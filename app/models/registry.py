@@ -21,7 +21,7 @@ DEFAULT_CUSTOM_OPS = True
 # and returns logits for up to this many of them: batched decode steps of several sequences and
 # speculative drafts. 0: the plain interface (positions from one start, the last row's logits).
 DEFAULT_LOGIT_ROWS = 32
-ROWS_ARCHITECTURES = ("llama", "qwen2")  # gemma3's sliding-window mask is narrowed from one start
+ROWS_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")  # gemma3's sliding-window mask is narrowed from one start
 QUANTIZE_CHOICES = ("none", "8da4w")
 # Embedding tables: "none" (fp32) or 4-bit groupwise (quantized_decomposed::embedding_4bit,
 # whose kernel ships in the wheel's libexecutorch_kernels_quantized.so, linked by native/).

@@ -14,6 +14,18 @@ from .registry import ModelSpec
 # llama.cpp token types.
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
+# Llama 3's pre-tokenizer split (its tokenizer.json; GGUF pre "llama-bpe"): digits in runs of up to three.
+LLAMA3_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# GPT-4o's (o200k) pre-tokenizer split (GGUF pre "gpt-4o": Phi-4-mini): cased words, digits in runs of three.
+GPT4O_SPLIT = (
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
 # Qwen2's pre-tokenizer split (transformers' models/qwen2 PRETOKENIZE_REGEX): digits one by one.
 QWEN2_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -118,6 +130,12 @@ def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+    elif md.get("tokenizer.ggml.pre") in ("llama-bpe", "gpt-4o"):  # Llama 3.x; Phi-4-mini
+        split = LLAMA3_SPLIT if md.get("tokenizer.ggml.pre") == "llama-bpe" else GPT4O_SPLIT
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
         ])
     else:
         raise ValueError(f"unsupported pre-tokenizer {md.get('tokenizer.ggml.pre')!r}")

@@ -100,5 +100,5 @@ def test_build_gguf_refuses_before_any_heavy_work(tmp_path):
     assert time.monotonic() - started < 30  # interpreter start and imports; no torch
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == "build-gguf: mamba.gguf: unsupported GGUF architecture 'mamba' " \
-                                  "(supported: llama, qwen2, gemma3)"
+                                  "(supported: llama, qwen2, qwen3, phi3, gemma3)"
     assert proc.stdout == ""

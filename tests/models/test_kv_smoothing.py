@@ -133,3 +133,13 @@ def test_replay_folds_the_saved_factors(state, tmp_path):
         assert torch.equal(built[name], replayed[name]), name
     assert saved["calibration_tokens"] == kv_smoothing.CALIBRATION_TOKENS
     assert saved["key_outlier_ratio_after"] < saved["key_outlier_ratio_before"] / 3
+
+
+@pytest.mark.parametrize("extra", [{"use_qk_norm": True}, {"partial_rotary_factor": 0.75}])
+def test_smoothing_refuses_qk_norms_and_partial_rope(extra):
+    """qwen3 / gemma3's q/k norms and phi3's partial rope would make the fold inexact: refused."""
+    from app.models.kv_smoothing import check_params
+
+    check_params({"use_hf_rope": True})
+    with pytest.raises(ValueError, match="not exact with q/k norms or a partial rope"):
+        check_params({"use_hf_rope": True, **extra})
