@@ -451,6 +451,31 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     }
   }
 #endif
+#if defined(ETS_DECODE_I16)
+  // Two kv heads (stride 2 in all four): 8 rows' parameters at a time, whole loads where the
+  // rows go on past these 8 (the last element read is another head's).
+  if (K.sc_ss == 2 && V.sc_ss == 2 && K.zp_ss == 2 && V.zp_ss == 2) {
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m128i even8 = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    auto gather2 = [&](const float* base) {  // base[0], base[2], ... base[14]
+      const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(base), even);
+      const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(base + 8), even);
+      return _mm256_permute2f128_ps(lo, hi, 0x20);
+    };
+    auto zeros2 = [&](const int8_t* base) {  // the same of int8 zero points, as int32
+      return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base)), even8));
+    };
+    for (; jp + 8 <= len && jb + jp + 8 < jend; jp += 8) {
+      _mm256_storeu_ps(sc.ksc + jp, gather2(ks + (jb + jp) * 2));
+      _mm256_storeu_ps(sc.vsc + jp, gather2(vs + (jb + jp) * 2));
+      const __m256i kzv = zeros2(kz + (jb + jp) * 2), vzv = zeros2(vz + (jb + jp) * 2);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.kzi + jp), kzv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.vzi + jp), vzv);
+      _mm256_storeu_ps(sc.kzp + jp, _mm256_cvtepi32_ps(kzv));
+      _mm256_storeu_ps(sc.vzp + jp, _mm256_cvtepi32_ps(vzv));
+    }
+  }
+#endif
   for (int64_t j = jp; j < len; ++j) {
     sc.ksc[j] = ks[(jb + j) * K.sc_ss];
     sc.kzi[j] = kz[(jb + j) * K.zp_ss];
