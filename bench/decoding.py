@@ -32,10 +32,14 @@ def decode_fills(forward: Callable[[Sequence[int], int], None], choose: Callable
         prefill_s = time.perf_counter() - t0
         prefilled, filled = max(0, fill - filled), max(filled, fill)
         token = choose()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for k in range(steps):
             forward([token], fill + k)
             token = choose()
+        cpu = time.process_time() - c0
         results.append({"fill": fill, "decode_tok_s": steps / (time.perf_counter() - t0),
-                        "prefill_tok_s": prefilled / prefill_s if prefilled else None})
+                        "prefill_tok_s": prefilled / prefill_s if prefilled else None,
+                        # steps per CPU second of the whole process (every runtime thread): what a
+                        # busy shared host's time slicing does not stretch
+                        "decode_tok_cpu_s": steps / cpu if cpu > 0 else None})
     return results

@@ -71,7 +71,8 @@ def native_build() -> str:
         from app.engine import native
 
         lib = native.library()
-        attention = "AMX tiles" if lib.ets_attention_kernel(-1) == 1 else "generic"
-        return f"built for {lib.ets_vector_isa().decode()}; int8-KV attention: {attention}"
+        forced = os.environ.get("ETSERVE_ISA")
+        return (f"built for {lib.ets_vector_isa().decode()}" + (f" (ETSERVE_ISA={forced})" if forced else "")
+                + f"; int8-KV attention: {native.int8_attention(lib)}")
     except Exception as e:  # the page still gets written without a library
         return f"native library not loaded ({e})"

@@ -19,13 +19,21 @@ the context fills (with and without ExecuTorch's LLM custom ops).
                        without (bench/runtimes.py `ours`)
   vs ExecuTorch kernels SmolLM2 decode tok/s over HTTP ÷ ExecuTorch's own custom-op kernels
                        (bench/runtimes.py `et`, the wheel's pybinding) on the same .pte
+  decode at fill 12k   decode tok/s at a 12,000-token fill ÷ at 128 in the bare native loop
+                       (bench/runtimes.py `ours`; fills alternated 128, 12k, 12k, 128, then
+                       12k, 128, 128, 12k...), naming the CPU tier whose kernels ran (the host's
+                       best, or a lower one forced by ETSERVE_ISA, e.g. avx2 on an AVX-512 host),
+                       the int8-KV attention kernel and the host; the bound is the short step's
+                       bytes ÷ the long one's (a step reading at the memory bandwidth)
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bench.client import HealthPoller, stream
+from bench.machine import cpu_model, cpu_tier
 from bench.models import bytes_per_token, is_built, label, model_json, plain_of
 from bench.prompts import code_prompt, load_tokenizer
 from bench.decoding import fills_within
@@ -43,6 +51,8 @@ BANDWIDTH = "bandwidth use"
 FILL_CUSTOM = "decode by fill (custom ops)"
 FILL_PORTABLE = "decode by fill (portable ops)"
 VS_ET_KERNELS = "vs ExecuTorch kernels"
+FILL_12K = "decode at fill 12k (tier)"
+LONG_FILL = 12000
 
 
 def decode_prompt(directory: Path, seed: str, tokens: int) -> tuple[str, list[int], dict[str, float]]:
@@ -86,6 +96,53 @@ def fill_rows(key: str, name: str, directory: Path, fills: list[int], steps: int
                rate[high] / rate[low], (">=", 0.5))
 
 
+def tier_note(info: dict) -> str:
+    """The kernels a worker ran and the host: "avx2 kernels (ETSERVE_ISA=avx2 on a host with AMX +
+    AVX-512 VNNI + ...), int8-KV attention: ..., on <CPU>"."""
+    forced = info.get("forced_isa")
+    host = f"{cpu_model()}, {os.cpu_count()} cores, tier {cpu_tier()}"
+    where = f"ETSERVE_ISA={forced} on {host}" if forced else host
+    return f"{info.get('isa', '?')} kernels, int8-KV attention: {info.get('attention', '?')}; host: {where}"
+
+
+def fill_12k_row(directory: Path, steps: int, threads: int, rounds: int, results: dict,
+                 worker: Worker | None = None) -> Row:
+    """Decode tok/s at a 12,000-token fill ÷ at 128 in the bare native loop, the fills alternated
+    within one process (the cache prefilled once), the row naming the kernels' tier and the host."""
+    what = f"{label(directory)}: decode tok/s at fill {LONG_FILL:,} ÷ fill 128, bare native loop"
+    if not is_built(directory):
+        return Row(FILL_12K, what, NOT_BUILT)
+    ctx = model_json(directory, "etserve.json")["max_seq_len"]
+    if ctx < LONG_FILL + steps + 1:
+        return Row(FILL_12K, what, f"{NOT_BUILT} (ctx {ctx}: needs a build holding {LONG_FILL + steps + 1:,} tokens)")
+    owned = worker is None
+    worker = worker or Worker("ours", directory, threads)
+    try:
+        note = tier_note(worker.info)
+        log(f"{label(directory)}: decode at fills 128 and {LONG_FILL} ({note})")
+        # one call: the cache is prefilled to 12k once (decode_fills), then the fills alternate
+        order = [f for r in range(rounds) for f in ((128, LONG_FILL, LONG_FILL, 128) if r % 2 == 0
+                                                    else (LONG_FILL, 128, 128, LONG_FILL))]
+        res = worker.call("decode", fills=order, steps=steps)
+        for r in range(rounds):
+            log(f"round {r + 1}: " + ", ".join(f"{x['fill']}: {x['decode_tok_s']:.1f}" for x in res[4 * r:4 * r + 4])
+                + " tok/s")
+    finally:
+        if owned:
+            worker.close()
+    results["fill_12k"] = {"tier": note, "decode": res}
+    rate = {f: median([x["decode_tok_s"] for x in res if x["fill"] == f]) for f in (128, LONG_FILL)}
+    cpu = {f: median([x["decode_tok_cpu_s"] for x in res if x["fill"] == f]) for f in (128, LONG_FILL)}
+    half = steps // 2
+    short, long = (bytes_per_token(directory, n + half) for n in (128, LONG_FILL))
+    return Row(FILL_12K, f"{what} ({note}; {steps} steps, median of {2 * rounds} each; the bound: the short step's "
+               "bytes ÷ the long one's; per CPU-second: tokens per second of the process's CPU time, which a "
+               "busy host's time slicing does not stretch)",
+               f"{rate[LONG_FILL]:.1f} / {rate[128]:.1f} (bound {short / 1e6:.0f} MB / {long / 1e6:.0f} MB = "
+               f"{short / long:.3f}; per CPU-second {cpu[LONG_FILL]:.2f} / {cpu[128]:.2f} = "
+               f"{cpu[LONG_FILL] / cpu[128]:.3f})", rate[LONG_FILL] / rate[128], (">=", 0.75))
+
+
 def default_section(args, bandwidth: float, results: dict) -> list[Row]:
     """etserve against its own parts on the default model: the HTTP layer, ExecuTorch's runner,
     saved sessions, /health under load, memory, bandwidth, and decode speed by fill."""
@@ -96,7 +153,8 @@ def default_section(args, bandwidth: float, results: dict) -> list[Row]:
                 ((HTTP_OVERHEAD, "decode over HTTP ÷ bare native loop"), (SESSION_RESTORE, "turn-2 TTFT warm ÷ cold"),
                  (VS_RUNNER, "decode ÷ ExecuTorch's runner"), (HEALTH, "/health latency"),
                  (RSS_VS_PTE, "server RSS ÷ .pte size"), (BANDWIDTH, "decode ÷ bandwidth limit"),
-                 (FILL_CUSTOM, f"{name}: decode tok/s by fill"))] + [
+                 (FILL_CUSTOM, f"{name}: decode tok/s by fill"),
+                 (FILL_12K, f"{name}: decode tok/s at fill {LONG_FILL:,} ÷ fill 128"))] + [
             fill_rows(FILL_PORTABLE, f"{label(plain)} (no custom ops)", plain, args.fills, args.plain_steps, args.threads,
                       results)]
     threads, n = args.threads, args.decode_tokens
@@ -147,6 +205,7 @@ def default_section(args, bandwidth: float, results: dict) -> list[Row]:
             runner.close()
 
         fill_row = fill_rows(FILL_CUSTOM, f"{name} (custom ops)", directory, args.fills, args.steps, threads, results, ours)
+        long_row = fill_12k_row(directory, args.steps, threads, args.long_rounds, results, ours)
         ours.close()
 
         log(f"{name}: turn 2 after a {args.history}-token turn 1 and a {args.other_tokens}-token other "
@@ -183,6 +242,7 @@ def default_section(args, bandwidth: float, results: dict) -> list[Row]:
                     f"{nat:.1f} / {limit:.1f} ({bandwidth / 1e9:.1f} GB/s ÷ {per_token / 1e6:.0f} MB per token)",
                     nat / limit))
     rows.append(fill_row)
+    rows.append(long_row)
     rows.append(fill_rows(FILL_PORTABLE, f"{label(plain)} (no custom ops)", plain, args.fills, args.plain_steps, threads,
                           results))
     return rows

@@ -1,6 +1,7 @@
 """`make bench`: every ratio the bench measures, from one run, as one markdown table.
 
-    python -m bench.report [--model-dir DIR] [--smol-dir DIR] [--threads 2] [--only own|peer|perplexity|...]
+    python -m bench.report [--model-dir DIR] [--smol-dir DIR] [--threads 2] [--only own|peer|perplexity|fill|...]
+    ETSERVE_ISA=avx2 python -m bench.report --only fill --no-doc   # decode at fill 12k on the AVX2 tier
 
 Builds no model: an input that is not built makes its rows say so (`make model` builds them).
 The one thing it may build is the peer, llama.cpp's server, when its cache is missing
@@ -14,7 +15,8 @@ edited by hand.
 
 Sections (each module's docstring says how its rows are measured):
   bench/own.py      etserve against its own parts: HTTP overhead, ExecuTorch's runner and kernels,
-                    saved sessions, /health under load, memory, bandwidth, decode by fill
+                    saved sessions, /health under load, memory, bandwidth, decode by fill, decode at fill
+                    12k ÷ 128 naming the CPU tier that ran and the host
   bench/versus.py   etserve against llama.cpp's server on the same model and threads: decode,
                     prefill, time to first token from 1k to 24k tokens, decode at fill 12k,
                     memory; bench/fim.py (fill-in-the-middle)
@@ -57,9 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smol-dir", type=Path, default=models_root() / "smollm2-135m" / "ctx512-fp32-sdpa-r32")
     p.add_argument("--smol-plain-dir", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", choices=("own", "peer", "perplexity", "sharing", "speculation"), default=None,
+    p.add_argument("--only", choices=("own", "peer", "perplexity", "sharing", "speculation", "fill"), default=None,
                    help="one section only (peer: against llama.cpp, perplexity included; perplexity: the "
-                        "perplexity table alone; sharing: the shared-box rows alone; speculation: the code-edit rows)")
+                        "perplexity table alone; sharing: the shared-box rows alone; speculation: the code-edit "
+                        "rows; fill: the decode-at-fill-12k row alone, e.g. with ETSERVE_ISA=avx2 to measure that tier)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the decode comparisons")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens each decode comparison generates")
     p.add_argument("--rounds", type=int, default=3, help="alternated repetitions of each short comparison")
@@ -148,6 +151,8 @@ def main(argv=None) -> None:
         rows += own.default_section(args, bandwidth, results)
         if not args.skip_smol:
             rows += own.smol_section(args, results)
+    if args.only == "fill":
+        rows.append(own.fill_12k_row(args.model_dir, args.steps, args.threads, args.long_rounds, results))
     if args.only in (None, "peer", "sharing", "speculation"):
         missing = versus.peer_ready(build=not args.no_peer_build)
         if missing:

@@ -42,8 +42,13 @@ def open_ours(model_dir: Path, threads: int) -> dict:
         kv_bytes = model.kv_info().bytes_per_position
     except NativeError:  # an export without the custom ops: no caches we can see
         kv_bytes = None
+    from app.engine import native
+
+    lib = native.library()
     info = {"vocab": model.info.vocab_size, "max_seq_len": model.info.max_seq_len,
-            "max_prefill": model.info.max_prefill_len, "kv_bytes_per_position": kv_bytes}
+            "max_prefill": model.info.max_prefill_len, "kv_bytes_per_position": kv_bytes,
+            "isa": lib.ets_vector_isa().decode(), "attention": native.int8_attention(lib),
+            "forced_isa": os.environ.get("ETSERVE_ISA") or None}
 
     def decode(fills, steps, ids=None, logit_bias=None):
         params = SamplingParams(temperature=0.0, logit_bias={int(k): v for k, v in (logit_bias or {}).items()})

@@ -209,9 +209,21 @@ def library() -> ctypes.CDLL:
         path = library_path()
         _lib = _load_library(path)
         log.info("native runtime: %s (CPU tier: %s kernels; attention over int8 KV caches: %s)", path.resolve(),
-                 _lib.ets_vector_isa().decode(),
-                 "Intel AMX tiles" if _lib.ets_attention_kernel(-1) == 1 else "generic")
+                 _lib.ets_vector_isa().decode(), int8_attention(_lib))
     return _lib
+
+
+def int8_attention(lib: ctypes.CDLL) -> str:
+    """Which kernels attend over int8 KV caches in this process: Intel AMX tiles where the CPU and
+    OS have them (ets_attention_kernel); else one query row (a decode step) runs on the decode
+    kernel of the CPU tier's set (native/src/attention_decode.cpp, _neon.cpp), which every set but
+    the scalar one has, and longer rows on the generic tile."""
+    if lib.ets_attention_kernel(-1) == 1:
+        return "Intel AMX tiles"
+    isa = lib.ets_vector_isa().decode()
+    if isa == "scalar" or isa.startswith("generic"):
+        return "generic"
+    return f"{isa} decode kernel (one query row; generic tile for longer rows)"
 
 
 def set_num_threads(n: int) -> int:

@@ -80,6 +80,17 @@ struct Vec {
 };
 #endif
 
+#if !defined(ETS_AVX512)
+// Lane r: the sum of the 8 int32 lanes of vector r of p[0..64).
+inline __m256i hsum8x8_epi32(const int32_t* p) {
+  auto ld = [p](int r) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 8 * r)); };
+  const __m256i s01 = _mm256_hadd_epi32(ld(0), ld(1)), s23 = _mm256_hadd_epi32(ld(2), ld(3));
+  const __m256i s45 = _mm256_hadd_epi32(ld(4), ld(5)), s67 = _mm256_hadd_epi32(ld(6), ld(7));
+  const __m256i s0123 = _mm256_hadd_epi32(s01, s23), s4567 = _mm256_hadd_epi32(s45, s67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20), _mm256_permute2x128_si256(s0123, s4567, 0x31));
+}
+#endif
+
 // One thread's work space (a decode step calls once per layer: kept). Per query head t (all H of
 // them: t = g * G + h) the running state; per block the one kv head's work.
 constexpr int kMaxH = 64;
@@ -103,7 +114,23 @@ struct alignas(64) Scratch {
   alignas(64) uint8_t wq[kMaxG * kBlock];
   int32_t wzc[kMaxG];
   float wsc[kMaxG];
+#if !defined(ETS_AVX512)
+  // AVX2 (ETS_DECODE_I16): the int8 queries as int16; per head and key 8 lanes of an int32 dot
+  // product (head G: the key's own sum)
+  alignas(32) int16_t q16[kMaxH * kMaxD];
+  alignas(32) int32_t ipart[(kMaxG + 1) * kBlock * 8];
+#endif
 };
+
+#if !defined(ETS_AVX512)
+// AVX2 (no VNNI): exact int32 scores through vpmaddwd (signed words, two products to a dword),
+// the int8 keys and queries sign-extended to int16: with dot = sum q k, Q = sum q and
+// K = sum k, sum (q - qz)(k - kz) = dot - kz Q - qz (K - D kz) (at most 128 * 128 * D < 2^21).
+// Half the instructions of the float dot products (16 products each where an FMA does 8), no
+// conversion of the keys to floats, and the zero points subtracted exactly. The weighted sums
+// stay in floats (16-bit weights would double the int8 kernels' error bound).
+#define ETS_DECODE_I16 1
+#endif
 
 #if defined(ETS_VNNI512)
 #define ETS_DECODE_VNNI 1
@@ -424,6 +451,31 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     }
   }
 #endif
+#if defined(ETS_DECODE_I16)
+  // Two kv heads (stride 2 in all four): 8 rows' parameters at a time, whole loads where the
+  // rows go on past these 8 (the last element read is another head's).
+  if (K.sc_ss == 2 && V.sc_ss == 2 && K.zp_ss == 2 && V.zp_ss == 2) {
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m128i even8 = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    auto gather2 = [&](const float* base) {  // base[0], base[2], ... base[14]
+      const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(base), even);
+      const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(base + 8), even);
+      return _mm256_permute2f128_ps(lo, hi, 0x20);
+    };
+    auto zeros2 = [&](const int8_t* base) {  // the same of int8 zero points, as int32
+      return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base)), even8));
+    };
+    for (; jp + 8 <= len && jb + jp + 8 < jend; jp += 8) {
+      _mm256_storeu_ps(sc.ksc + jp, gather2(ks + (jb + jp) * 2));
+      _mm256_storeu_ps(sc.vsc + jp, gather2(vs + (jb + jp) * 2));
+      const __m256i kzv = zeros2(kz + (jb + jp) * 2), vzv = zeros2(vz + (jb + jp) * 2);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.kzi + jp), kzv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.vzi + jp), vzv);
+      _mm256_storeu_ps(sc.kzp + jp, _mm256_cvtepi32_ps(kzv));
+      _mm256_storeu_ps(sc.vzp + jp, _mm256_cvtepi32_ps(vzv));
+    }
+  }
+#endif
   for (int64_t j = jp; j < len; ++j) {
     sc.ksc[j] = ks[(jb + j) * K.sc_ss];
     sc.kzi[j] = kz[(jb + j) * K.zp_ss];
@@ -480,6 +532,57 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
         _mm512_store_ps(sc.s + h * kBlock + c,
                         exact_scores16(dots[h], _mm512_set1_epi32(sc.q8sum[t0 + h]), _mm512_set1_epi32(sc.q8zp[t0 + h]),
                                        A, B, ksv, _mm512_set1_ps(sc.q8sc[t0 + h])));
+    }
+  } else
+#endif
+#if defined(ETS_DECODE_I16)
+  if (a.q.i8 != nullptr) {
+    // Exact int32 scores: per key row its D / 16 vectors of int16, per head D / 16 vpmaddwd
+    // against the query's, 8 lanes stored; then eight keys' lanes summed at a time.
+    constexpr int NK = D / 16;
+    const int16_t* qb = sc.q16 + t0 * D;
+    asm("" : "+r"(qb));  // the queries at constant offsets from one register (see the VNNI path)
+    const int64_t n_far = std::min(kBlock, jend - jb - kFar * kBlock);
+    for (int64_t j = 0; j < len; ++j) {
+      const int8_t* kr = kd + (jb + j) * K.ss;
+      const int8_t* vr = vd + (jb + j) * V.ss;
+      if (j < n_ahead)
+        for (int o = 0; o < D; o += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * kBlock * K.ss + o), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vr + kAhead * kBlock * V.ss + o), _MM_HINT_T0);
+        }
+      if (j < n_far)
+        for (int o = 0; o < D; o += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(kr + kFar * kBlock * K.ss + o), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(vr + kFar * kBlock * V.ss + o), _MM_HINT_T1);
+        }
+      __m256i k16[NK];
+      for (int c = 0; c < NK; ++c)
+        k16[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + c * 16)));
+      __m256i ksum = k16[0];  // the key's sum: at most 128 * D / 16 per int16 lane
+      for (int c = 1; c < NK; ++c) ksum = _mm256_add_epi16(ksum, k16[c]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sc.ipart + (G * kBlock + j) * 8),
+                         _mm256_madd_epi16(ksum, _mm256_set1_epi16(1)));
+      for (int h = 0; h < G; ++h) {
+        const __m256i* qh = reinterpret_cast<const __m256i*>(qb + h * D);
+        __m256i x = _mm256_madd_epi16(k16[0], _mm256_load_si256(qh));
+        for (int c = 1; c < NK; ++c) x = _mm256_add_epi32(x, _mm256_madd_epi16(k16[c], _mm256_load_si256(qh + c)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sc.ipart + (h * kBlock + j) * 8), x);
+      }
+    }
+    const __m256i dv = _mm256_set1_epi32(D);
+    for (int64_t j = 0; j < len; j += 8) {  // past len: unused lanes
+      const __m256i kz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.kzi + j));
+      // K - D kz per key
+      const __m256i bk = _mm256_sub_epi32(hsum8x8_epi32(sc.ipart + (G * kBlock + j) * 8), _mm256_mullo_epi32(kz, dv));
+      const __m256 ksv = _mm256_loadu_ps(sc.ksc + j);
+      for (int h = 0; h < G; ++h) {
+        __m256i dot = hsum8x8_epi32(sc.ipart + (h * kBlock + j) * 8);
+        dot = _mm256_sub_epi32(dot, _mm256_mullo_epi32(kz, _mm256_set1_epi32(sc.q8sum[t0 + h])));
+        dot = _mm256_sub_epi32(dot, _mm256_mullo_epi32(bk, _mm256_set1_epi32(sc.q8zp[t0 + h])));
+        _mm256_store_ps(sc.s + h * kBlock + j,
+                        _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), ksv), _mm256_set1_ps(sc.q8sc[t0 + h])));
+      }
     }
   } else
 #endif
@@ -593,6 +696,19 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       const int32_t qz = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
       dequant_row(a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh, D, qs * a.scale, qz, dst);
     }
+#if defined(ETS_DECODE_I16)
+    if (a.q.i8 != nullptr) {
+      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
+      int32_t sum = 0;
+      for (int d = 0; d < D; ++d) {
+        sc.q16[t * D + d] = src[d];
+        sum += src[d];
+      }
+      sc.q8sum[t] = sum;
+      sc.q8zp[t] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
+      sc.q8sc[t] = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + t * a.q.sc_sh] * a.scale;
+    }
+#endif
 #if defined(ETS_DECODE_VNNI)
     if (a.q.i8 != nullptr) {
       const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;

@@ -4,10 +4,11 @@
 // back), its zero point folded into one correction per row and head. With
 // AVX-512 VNNI the scores are exact int32 dot products (16 keys transposed in
 // registers) and the weighted sums take the weights as 16-bit fixed point per
-// head and 64-key block (vpdpwssd over pairs of keys); else floats, the
-// scores reduced eight keys at a time and G accumulators per slice of the
-// head dimension. Rows a few blocks ahead are prefetched while a block is
-// worked, so a long cache streams from memory.
+// head and 64-key block (vpdpwssd over pairs of keys); with AVX2 the scores
+// are exact int32 dot products too (int16 keys and queries, vpmaddwd; eight
+// keys' lanes reduced at a time) and the weighted sums floats, G accumulators
+// per slice of the head dimension. Rows a few blocks ahead are prefetched
+// while a block is worked, so a long cache streams from memory.
 //
 // For the rows that attention.cpp's generic tile handles slowest at long
 // context: one query row (a decode step), int8 keys and values in
