@@ -119,3 +119,14 @@ def test_chat_template_renders(built):
 def test_vocab_size(built):
     _, _, md, _, _, tok = built
     assert tok.get_vocab_size() == len(md["tokenizer.ggml.tokens"])
+
+
+def test_deepseek_r1_qwen_pre_tokenizer_is_qwen2s(gguf_metadata):
+    """DeepSeek-R1's Qwen distills name their pre-tokenizer "deepseek-r1-qwen" (llama.cpp reads it
+    as Qwen2's); the tokenizer built for it is Qwen2's."""
+    from app.models.tokenizer_files import build_tokenizer
+
+    spec, _path, _, md = gguf_metadata("qwen2.5-coder-0.5b")
+    text = "Hello  world!\n  x = 12345 + 0.5  # Ünïcödé ﬁ\t<think>\n"
+    qwen = build_tokenizer(md, spec).encode(text).ids
+    assert build_tokenizer({**md, "tokenizer.ggml.pre": "deepseek-r1-qwen"}, spec).encode(text).ids == qwen
