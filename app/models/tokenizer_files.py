@@ -106,7 +106,11 @@ def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
         raise ValueError(f"unsupported GGUF tokenizer model {model!r} (supported: gpt2, llama)")
     tokens: list[str] = md["tokenizer.ggml.tokens"]
     types: list[int] = md["tokenizer.ggml.token_type"]
-    vocab = {_byte_level_spelling(t): i for i, t in enumerate(tokens)}
+    # Control and user-defined tokens are added tokens, matched to the vocabulary by their text:
+    # spelled in the byte alphabet (DeepSeek's "<｜User｜>" has non-ASCII characters) they would
+    # miss it and get new ids past the vocabulary, which the model has no row for.
+    vocab = {t if types and types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED) else _byte_level_spelling(t): i
+             for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in md["tokenizer.ggml.merges"]]
     bpe = models.BPE(
         vocab=vocab, merges=merges, dropout=None, unk_token=None,
