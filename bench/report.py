@@ -25,6 +25,8 @@ Sections (each module's docstring says how its rows are measured):
   bench/speculation.py  code edits with drafts on and off, and llama.cpp's ngram spec types
   bench/sharing.py  a shared box: an editor's infill while an agent's 12k prompt is read, four
                     chats at once, memory with the default slots (both servers' default slots)
+  bench/big.py      a 7B GGUF: its build's memory and time, decode and prefill against llama.cpp
+                    on the same file (--only big; its build is `make bench-7b`)
   bench/agents.py   Claude Code's first turn against both servers; a second conversation of the
                     same agent after etserve restarts on its --session-dir
 """
@@ -44,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import agents, own, perplexity, sharing, speculation, versus  # noqa: E402
+from bench import agents, big, own, perplexity, sharing, speculation, versus  # noqa: E402
 from bench.machine import cpu_model, cpu_tier, load_average, memory_bandwidth, native_build  # noqa: E402
 from bench.models import default_model_dir, models_root  # noqa: E402
 from bench.table import log, markdown  # noqa: E402
@@ -59,10 +61,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smol-dir", type=Path, default=models_root() / "smollm2-135m" / "ctx512-fp32-sdpa-r32")
     p.add_argument("--smol-plain-dir", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", choices=("own", "peer", "perplexity", "sharing", "speculation", "fill"), default=None,
+    p.add_argument("--only", choices=("own", "peer", "perplexity", "sharing", "speculation", "fill", "big"),
+                   default=None,
                    help="one section only (peer: against llama.cpp, perplexity included; perplexity: the "
                         "perplexity table alone; sharing: the shared-box rows alone; speculation: the code-edit "
-                        "rows; fill: the decode-at-fill-12k row alone, e.g. with ETSERVE_ISA=avx2 to measure that tier)")
+                        "rows; fill: the decode-at-fill-12k row alone, e.g. with ETSERVE_ISA=avx2 to measure that "
+                        "tier; big: the 7B's rows, bench/big.py, only run when asked)")
+    p.add_argument("--big-rounds", type=int, default=3, help="rounds of the 7B's decode and prefill rows")
+    p.add_argument("--big-decode-tokens", type=int, default=32, help="tokens of the 7B's decode row")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the decode comparisons")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens each decode comparison generates")
     p.add_argument("--rounds", type=int, default=3, help="alternated repetitions of each short comparison")
@@ -153,6 +159,8 @@ def main(argv=None) -> None:
             rows += own.smol_section(args, results)
     if args.only == "fill":
         rows.append(own.fill_12k_row(args.model_dir, args.steps, args.threads, args.long_rounds, results))
+    if args.only == "big":
+        rows += big.big_rows(args, results)
     if args.only in (None, "peer", "sharing", "speculation"):
         missing = versus.peer_ready(build=not args.no_peer_build)
         if missing:

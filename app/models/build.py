@@ -147,10 +147,13 @@ def build(
                 "build_seconds": round(stages.elapsed(), 1),
                 "export_seconds": round(export_seconds, 1),
                 "peak_rss_mb": stages.peak_rss_mb(),
+                # without the checkpoint's mapped file pages, which the kernel can drop (progress.py)
+                "peak_anon_mb": stages.peak_anon_mb(),
                 "hqq": {"computed": hqq_cache.misses, "replayed": hqq_cache.hits,
                         "seconds": round(hqq_cache.seconds, 1)},
                 "stages": [{"stage": r.label, "seconds": r.seconds, "cpu_seconds": r.cpu_seconds,
-                            "peak_rss_mb": r.peak_rss_mb} for r in stages.records],
+                            "peak_rss_mb": r.peak_rss_mb, "peak_anon_mb": r.peak_anon_mb}
+                           for r in stages.records],
                 "versions": {d: _dist_version(d) for d in ("torch", "executorch", "gguf", "tokenizers")},
             })
             _install(tmp, target)

@@ -85,7 +85,9 @@ def load_eager_model(model_dir: Path, work_dir: Path, kv_cache: str | None = Non
 
     from .export import output_quantization
 
-    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr), \
+    from .checkpoint import shared_map
+
+    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr), shared_map(ckpt), \
             output_quantization(options.output_quantize == "8bit"):  # it prints what it quantizes
         model, _, _ = get_llama_model(cfg)
     return model.eval()

@@ -79,7 +79,8 @@ def file_model_dir(gguf_sha256: str, options: BuildOptions) -> Path:
 
 
 def build_file(path: Path, max_seq_len: Optional[int] = None, quantize: Optional[str] = None,
-               embedding_quantize: Optional[str] = None, force: bool = False, verbose: bool = False) -> Path:
+               embedding_quantize: Optional[str] = None, force: bool = False, verbose: bool = False,
+               kv_cache: Optional[str] = None) -> Path:
     """Build the GGUF at ``path`` (a no-op when that file's build exists); returns its directory."""
     import sys
 
@@ -92,5 +93,5 @@ def build_file(path: Path, max_seq_len: Optional[int] = None, quantize: Optional
     print(f"{Path(path).name}: {spec.architecture}, served as {spec.name}; checksumming", file=sys.stderr)
     digest = sha256_file(Path(spec.gguf_files[0]))
     options = resolve_options(spec.name, max_seq_len=max_seq_len, quantize=quantize,
-                              embedding_quantize=embedding_quantize)
+                              embedding_quantize=embedding_quantize, kv_cache=kv_cache)
     return build(spec.name, options, out=file_model_dir(digest, options), force=force, verbose=verbose)

@@ -78,11 +78,17 @@ def calibration_maxima(sd: dict, params: dict[str, Any], tokens: list[int]):
 
     n = len(tokens)
     args = ModelArgs(**params, max_seq_len=n, max_context_len=n, use_kv_cache=False, generate_full_logits=False)
-    model = construct_transformer(args)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
+    # weights assigned, not copied: the state dict's tensors (a checkpoint's file-backed map,
+    # app/models/checkpoint.py) are the model's, so a 7B calibrates without a second fp32 copy
+    with torch.device("meta"):
+        model = construct_transformer(args)
+    missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     params_missing = [m for m in missing if m in dict(model.named_parameters())]
     if params_missing or unexpected:
         raise RuntimeError(f"calibration model: missing {params_missing[:5]}, unexpected {unexpected[:5]}")
+    still_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if still_meta:
+        raise RuntimeError(f"calibration model: no values for {still_meta[:5]}")
     model.eval()
     hd, hf = params["head_dim"], params.get("use_hf_rope", False)
     stores: list[dict] = []  # per layer: "k" and "q" maxima

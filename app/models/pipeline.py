@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from .checkpoint import shared_map
 from .export import output_quantization, row_positions, rows_example_inputs
 from .linear_q4 import swapping_linears
 from .lowering import faster_lowering, shared_provenance
@@ -117,7 +118,8 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
 
     with _cwd(output.parent), torch.no_grad(), _quiet(verbose):
         with stages.stage("loading the checkpoint, quantizing (HQQ), source transforms"), hqq_cache.active(), \
-                swapping_linears(native_linears), output_quantization(output_8bit):
+                swapping_linears(native_linears), output_quantization(output_8bit), \
+                shared_map(Path(cfg.base.checkpoint)):
             manager = lib._prepare_for_llama_export(cfg)
         print(hqq_cache.summary(), file=sys.stderr)
         if hqq_cache.save():

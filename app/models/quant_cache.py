@@ -14,6 +14,12 @@ misses it computes, bit for bit.
 One cache file holds a model's results for one set of quantization options and library versions
 (``cache_file``); it is written atomically as soon as the weights are quantized, so a build that
 fails later (out of memory while lowering, interrupted) does not lose them.
+
+New results are not held in RAM until then: a 7B's are 4.7 GB (4-bit values and a scale per
+group), beside the quantized model itself. Every ``SPILL_BYTES`` of them go to a shard file
+beside the cache file, mapped back from disk; ``save`` writes the cache from those maps and
+deletes the shards; after it, the cache holds no tensors (the export that follows never asks
+again). A cache without a file keeps no results at all.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 from .registry import EMBEDDING_GROUP_SIZE, BuildOptions, ModelSpec, cache_root
 
 FORMAT_VERSION = 1
+SPILL_BYTES = 256 << 20  # new results kept in RAM before they go to a shard file
 # Libraries whose code decides the quantized values (torchao's HQQ, ExecuTorch's quantize transforms).
 VERSIONED = ("torch", "torchao", "executorch")
 # Where torchao's IntxUnpackedToInt8Tensor.from_hp looks the function up (imported by name).
@@ -105,7 +112,10 @@ class HqqCache:
     def __init__(self, path: Optional[Path]) -> None:
         self.path = path
         self.entries: dict[str, dict[str, Any]] = {}
-        self.new: dict[str, dict[str, Any]] = {}
+        self.new: dict[str, dict[str, Any]] = {}  # computed here, in RAM
+        self.spilled: dict[str, dict[str, Any]] = {}  # computed here, mapped from shard files
+        self._new_bytes = 0
+        self._shards: list[Path] = []
         self.hits = 0
         self.misses = 0
         self.seconds = 0.0  # spent in the HQQ function or its replay, hashing included
@@ -131,14 +141,15 @@ class HqqCache:
             t0 = time.monotonic()
             try:
                 key = tensor_key(hp_tensor, block_size, qmin, qmax, kwargs)
-                entry = self.entries.get(key) or self.new.get(key)
+                entry = self.entries.get(key) or self.new.get(key) or self.spilled.get(key)
                 if entry is not None:
                     self.hits += 1
                     qdata, scale = unpack(entry)
                     return qdata, scale.to(hp_tensor.dtype)
                 self.misses += 1
                 qdata, scale = compute(hp_tensor, block_size, qmin, qmax, **kwargs)
-                self.new[key] = pack(qdata, scale, qmin, qmax)
+                if self.path is not None:  # nowhere to save: nothing to keep
+                    self._keep(key, pack(qdata, scale, qmin, qmax))
                 return qdata, scale
             finally:
                 self.seconds += time.monotonic() - t0
@@ -159,22 +170,48 @@ class HqqCache:
         finally:
             setattr(module, HQQ_FUNCTION, original)
 
+    def _keep(self, key: str, entry: dict[str, Any]) -> None:
+        import torch
+
+        self.new[key] = entry
+        self._new_bytes += sum(t.numel() * t.element_size() for t in entry.values())
+        if self._new_bytes < SPILL_BYTES:
+            return
+        shard = self.path.with_name(f".{self.path.name}.{os.getpid()}.shard{len(self._shards)}")
+        shard.parent.mkdir(parents=True, exist_ok=True)
+        self._shards.append(shard)
+        torch.save(self.new, shard)
+        self.spilled.update(torch.load(shard, map_location="cpu", mmap=True, weights_only=True))
+        self.new, self._new_bytes = {}, 0
+
+    def _drop_shards(self) -> None:
+        for shard in self._shards:
+            shard.unlink(missing_ok=True)
+        self._shards = []
+
     def save(self) -> bool:
-        """Write entries and new results to the cache file (atomically); False if nothing new."""
-        if self.path is None or not self.new:
+        """Write entries and new results to the cache file (atomically); False if nothing new.
+        The cache holds no tensors after it."""
+        if self.path is None or not (self.new or self.spilled):
+            self._drop_shards()
             return False
         import torch
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        entries = {**self.entries, **self.new}
+        entries = {**self.entries, **self.spilled, **self.new}
         try:
             torch.save({"format": FORMAT_VERSION, "entries": entries}, tmp)
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
-        self.entries, self.new = entries, {}
+            self._drop_shards()
+        del entries
+        self.entries, self.new, self.spilled, self._new_bytes = {}, {}, {}, 0
         return True
+
+    def __del__(self) -> None:  # a build that failed before save: no shard left behind
+        self._drop_shards()
 
     def summary(self) -> str:
         return f"HQQ: {self.misses} weights computed, {self.hits} replayed from the cache, {self.seconds:.1f}s"

@@ -102,6 +102,11 @@ def _with_added_tokens(tok, tokens: list[str], types: list[int]):
     return tok
 
 
+# GGUF pre-tokenizer names of Qwen2's split (llama.cpp's llama-vocab.cpp maps these to
+# LLAMA_VOCAB_PRE_TYPE_QWEN2): DeepSeek-R1's Qwen distills keep Qwen2's tokenizer.
+QWEN2_PRE = ("qwen2", "deepseek-r1-qwen")
+
+
 def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
     """A ``tokenizers.Tokenizer`` replicating the model's original Hugging Face tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -113,7 +118,11 @@ def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
         raise ValueError(f"unsupported GGUF tokenizer model {model!r} (supported: gpt2, llama)")
     tokens: list[str] = md["tokenizer.ggml.tokens"]
     types: list[int] = md["tokenizer.ggml.token_type"]
-    vocab = {_byte_level_spelling(t): i for i, t in enumerate(tokens)}
+    # Control and user-defined tokens are added tokens, matched to the vocabulary by their text:
+    # spelled in the byte alphabet (DeepSeek's "<｜User｜>" has non-ASCII characters) they would
+    # miss it and get new ids past the vocabulary, which the model has no row for.
+    vocab = {t if types and types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED) else _byte_level_spelling(t): i
+             for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in md["tokenizer.ggml.merges"]]
     bpe = models.BPE(
         vocab=vocab, merges=merges, dropout=None, unk_token=None,
@@ -125,7 +134,7 @@ def build_tokenizer(md: dict[str, Any], spec: ModelSpec):
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
         ])
-    elif md.get("tokenizer.ggml.pre") == "qwen2":
+    elif md.get("tokenizer.ggml.pre") in QWEN2_PRE:
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),

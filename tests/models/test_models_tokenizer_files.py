@@ -119,3 +119,31 @@ def test_chat_template_renders(built):
 def test_vocab_size(built):
     _, _, md, _, _, tok = built
     assert tok.get_vocab_size() == len(md["tokenizer.ggml.tokens"])
+
+
+def test_deepseek_r1_qwen_pre_tokenizer_is_qwen2s(gguf_metadata):
+    """DeepSeek-R1's Qwen distills name their pre-tokenizer "deepseek-r1-qwen" (llama.cpp reads it
+    as Qwen2's); the tokenizer built for it is Qwen2's."""
+    from app.models.tokenizer_files import build_tokenizer
+
+    spec, _path, _, md = gguf_metadata("qwen2.5-coder-0.5b")
+    text = "Hello  world!\n  x = 12345 + 0.5  # Ünïcödé ﬁ\t<think>\n"
+    qwen = build_tokenizer(md, spec).encode(text).ids
+    assert build_tokenizer({**md, "tokenizer.ggml.pre": "deepseek-r1-qwen"}, spec).encode(text).ids == qwen
+
+
+def test_non_ascii_control_tokens_keep_their_ids(gguf_metadata):
+    """DeepSeek-R1's control tokens ("<｜User｜>", "<｜end▁of▁sentence｜>") are not in the byte
+    alphabet: they must map to their own ids, not to new ones past the vocabulary (which the
+    model has no embedding row for: the 7B's first request failed with "token id 152067 is
+    outside the vocabulary")."""
+    from app.models.tokenizer_files import build_tokenizer
+
+    spec, _path, _, md = gguf_metadata("qwen2.5-coder-0.5b")
+    tokens = list(md["tokenizer.ggml.tokens"])
+    user, end = tokens.index("<|im_start|>"), tokens.index("<|im_end|>")
+    tokens[user], tokens[end] = "<｜User｜>", "<｜end▁of▁sentence｜>"
+    tok = build_tokenizer({**md, "tokenizer.ggml.tokens": tokens}, spec)
+    assert tok.encode("<｜User｜>Hi<｜end▁of▁sentence｜>").ids == [user, *tok.encode("Hi").ids, end]
+    assert tok.get_vocab_size() == len(tokens)
+    assert tok.decode([user, end], skip_special_tokens=False) == "<｜User｜><｜end▁of▁sentence｜>"

@@ -93,3 +93,29 @@ def test_cache_file_keys(tmp_path):
     assert cache_file(spec, base, "abd", root=tmp_path) != path
     assert cache_file(spec, dataclasses.replace(base, embedding_quantize="none"), "abc", root=tmp_path) != path
     assert cache_file(spec, dataclasses.replace(base, quantize="none"), "abc", root=tmp_path) != path
+
+
+def test_new_results_spill_to_shards_and_save_from_them(tmp_path, monkeypatch):
+    """A 7B's new results (4.7 GB) are not held in RAM until the stage ends: past SPILL_BYTES they
+    go to shard files, mapped back; save writes them all and removes the shards."""
+    monkeypatch.setattr(quant_cache, "SPILL_BYTES", 1)  # every result spills
+    reference = _quantize_linears(0)
+    path = tmp_path / "q.pt"
+    first = HqqCache(path)
+    with first.active():
+        _quantize_linears(0)
+    assert not first.new and len(first.spilled) == 2 and len(list(tmp_path.glob(".q.pt.*.shard*"))) == 2
+    assert first.save() and not list(tmp_path.glob(".q.pt.*.shard*"))
+    assert not (first.entries or first.new or first.spilled)  # nothing held after saving
+    second = HqqCache(path)
+    with second.active():
+        replayed = _quantize_linears(0)
+    assert (second.hits, second.misses) == (2, 0)
+    assert all(torch.equal(q, rq) and torch.equal(s, rs) for (q, s), (rq, rs) in zip(replayed, reference))
+
+
+def test_a_cache_without_a_file_keeps_nothing():
+    cache = HqqCache(None)
+    with cache.active():
+        _quantize_linears(0)
+    assert cache.misses == 2 and not cache.new and not cache.spilled
