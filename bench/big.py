@@ -25,10 +25,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import peer
 from bench.models import is_built, models_root
 from bench.prompts import code_prompt, load_tokenizer
-from bench.servers import EtServe, LlamaServer
 from bench.table import NOT_BUILT, Row, log, median
 
 NAME = "deepseek-r1-distill-qwen-7b"
@@ -89,7 +87,7 @@ def build_row(directory: Path, synthetic: bool) -> Row:
 
 
 def big_rows(args, results: dict) -> list[Row]:
-    from bench.versus import Side, alternate, prompt_tokens
+    from bench.versus import alternate, prompt_tokens, server_pair
 
     directory = built_dir()
     if directory is None:
@@ -114,14 +112,8 @@ def big_rows(args, results: dict) -> list[Row]:
     bias = {str(t): -100.0 for t in json.loads((directory / "etserve.json").read_text())["eos_token_ids"]}
     file_note = f"{gguf.name}{', synthesized weights' if synthetic else ''}"
     log(f"7B: etserve {directory} and llama-server -c {PEER_CTX} on {gguf}, {args.threads} threads each")
-    et_server = EtServe(directory, args.threads)
-    try:
-        llama_server = LlamaServer(peer.program("llama-server"), gguf, args.threads, PEER_CTX)
-    except Exception:
-        et_server.stop()
-        raise
-    a = Side("etserve", et_server, {"logit_bias": bias})
-    b = Side("llama.cpp", llama_server, {"ignore_eos": True, "cache_prompt": False})
+    a, b = server_pair(directory, gguf, args.threads, PEER_CTX, bias)
+    et_server, llama_server = a.server, b.server
     try:
         prompt = code_prompt(tokenizer, "big-decode", 128)
         a.complete(prompt, 2), b.complete(prompt, 2)  # first requests pay for lazy initialization

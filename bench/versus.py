@@ -38,6 +38,8 @@ is and say "not built" for the others.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
 from bench import peer
 from bench.client import Stream, stream
 from bench.fim import fim_rows
@@ -90,6 +92,20 @@ def prompt_tokens(s: Stream) -> int:
     return s.prompt_tokens or 0
 
 
+def server_pair(serve_dir: Path, gguf: Path, threads: int, ctx: int, bias: dict) -> tuple[Side, Side]:
+    """etserve on `serve_dir` and llama-server on `gguf` (-c ctx), both started, as the two sides of
+    a comparison: etserve never stops early (`bias` on its end-of-text tokens), llama.cpp ignores
+    its EOS and caches no prompt."""
+    et_server = EtServe(serve_dir, threads)
+    try:
+        llama_server = LlamaServer(peer.program("llama-server"), gguf, threads, ctx)
+    except Exception:
+        et_server.stop()
+        raise
+    return (Side("etserve", et_server, {"logit_bias": bias}),
+            Side("llama.cpp", llama_server, {"ignore_eos": True, "cache_prompt": False}))
+
+
 def peer_section(args, results: dict) -> list[Row]:
     """The speed and memory rows against llama.cpp, and FIM (its own module)."""
     default_dir = args.model_dir
@@ -106,14 +122,8 @@ def peer_section(args, results: dict) -> list[Row]:
         f"{args.threads} threads each; prompt lengths {fits}")
     rows: list[Row] = []
     extra_rows: list[Row] = []  # FIM, run while both servers are up
-    et_server = EtServe(serve_dir, args.threads)
-    try:
-        llama_server = LlamaServer(peer.program("llama-server"), gguf, args.threads, LONG_CONTEXT)
-    except Exception:
-        et_server.stop()
-        raise
-    a = Side("etserve", et_server, {"logit_bias": bias})
-    b = Side("llama.cpp", llama_server, {"ignore_eos": True, "cache_prompt": False})
+    a, b = server_pair(serve_dir, gguf, args.threads, LONG_CONTEXT, bias)
+    et_server, llama_server = a.server, b.server
     try:
         # decode, short prompt
         prompt = code_prompt(tokenizer, "decode", args.prompt_tokens)

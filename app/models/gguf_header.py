@@ -21,60 +21,69 @@ class TensorInfo(NamedTuple):
     name: str
     type_id: int
     shape: tuple[int, ...]  # GGUF order (fastest dimension first)
+    offset: int = 0  # of its data, from Header.data_start
 
 
 class Header(NamedTuple):
     metadata: dict[str, Any]  # scalars and strings; arrays as their length
     tensors: list[TensorInfo]
+    data_start: int = 0  # where the tensor data begins (general.alignment applied)
 
 
 def read_header(path: Path) -> Header:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        if m[:4] != b"GGUF":
-            raise ValueError(f"{Path(path).name} is not a GGUF file")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
-        if version < 2:
-            raise ValueError(f"{Path(path).name}: GGUF version {version} is too old")
-        pos = 24
+        return parse_header(m, Path(path).name)
 
-        def string(pos: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", m, pos)
-            return m[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
 
-        def skip(vtype: int, count: int, pos: int) -> int:
-            if vtype == _STRING:
-                for _ in range(count):
-                    (n,) = struct.unpack_from("<Q", m, pos)
-                    pos += 8 + n
-                return pos
-            if vtype == _ARRAY:
-                for _ in range(count):
-                    etype, n = struct.unpack_from("<IQ", m, pos)
-                    pos = skip(etype, n, pos + 12)
-                return pos
-            return pos + struct.calcsize(_SCALARS[vtype]) * count
+def parse_header(m, label: str = "the file") -> Header:
+    """The header of a GGUF held in ``m`` (a memory map, or the first bytes of a file that holds the
+    whole header, e.g. the first of a split file's parts)."""
+    if m[:4] != b"GGUF":
+        raise ValueError(f"{label} is not a GGUF file")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+    if version < 2:
+        raise ValueError(f"{label}: GGUF version {version} is too old")
+    pos = 24
 
-        md: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            (vtype,) = struct.unpack_from("<I", m, pos)
-            pos += 4
-            if vtype == _STRING:
-                md[key], pos = string(pos)
-            elif vtype == _ARRAY:
+    def string(pos: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", m, pos)
+        return m[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
+
+    def skip(vtype: int, count: int, pos: int) -> int:
+        if vtype == _STRING:
+            for _ in range(count):
+                (n,) = struct.unpack_from("<Q", m, pos)
+                pos += 8 + n
+            return pos
+        if vtype == _ARRAY:
+            for _ in range(count):
                 etype, n = struct.unpack_from("<IQ", m, pos)
                 pos = skip(etype, n, pos + 12)
-                md[key] = n
-            else:
-                md[key] = struct.unpack_from(_SCALARS[vtype], m, pos)[0]
-                pos += struct.calcsize(_SCALARS[vtype])
-        tensors = []
-        for _ in range(n_tensors):
-            name, pos = string(pos)
-            (n_dims,) = struct.unpack_from("<I", m, pos)
-            shape = struct.unpack_from(f"<{n_dims}Q", m, pos + 4)
-            pos += 4 + 8 * n_dims
-            ttype, _offset = struct.unpack_from("<IQ", m, pos)
-            pos += 12
-            tensors.append(TensorInfo(name, ttype, tuple(shape)))
-    return Header(md, tensors)
+            return pos
+        return pos + struct.calcsize(_SCALARS[vtype]) * count
+
+    md: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key, pos = string(pos)
+        (vtype,) = struct.unpack_from("<I", m, pos)
+        pos += 4
+        if vtype == _STRING:
+            md[key], pos = string(pos)
+        elif vtype == _ARRAY:
+            etype, n = struct.unpack_from("<IQ", m, pos)
+            pos = skip(etype, n, pos + 12)
+            md[key] = n
+        else:
+            md[key] = struct.unpack_from(_SCALARS[vtype], m, pos)[0]
+            pos += struct.calcsize(_SCALARS[vtype])
+    tensors = []
+    for _ in range(n_tensors):
+        name, pos = string(pos)
+        (n_dims,) = struct.unpack_from("<I", m, pos)
+        shape = struct.unpack_from(f"<{n_dims}Q", m, pos + 4)
+        pos += 4 + 8 * n_dims
+        ttype, offset = struct.unpack_from("<IQ", m, pos)
+        pos += 12
+        tensors.append(TensorInfo(name, ttype, tuple(shape), offset))
+    alignment = int(md.get("general.alignment", 32)) or 32
+    return Header(md, tensors, (pos + alignment - 1) // alignment * alignment)

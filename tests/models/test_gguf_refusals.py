@@ -49,7 +49,7 @@ def test_unsupported_tensor_type_is_named(tmp_path):
     path = tmp_path / "iq.gguf"
     qt = gguf.GGMLQuantizationType.IQ2_XXS
     block, type_size = gguf.GGML_QUANT_SIZES[qt]
-    rows, cols = 4, block  # one block per row
+    rows = 4  # one block per row
     raw = np.zeros((rows, type_size), np.uint8)  # a byte tensor shaped as the quantized rows
     _write(path, "gemma3", {
         "token_embd.weight": (np.zeros((8, 32), np.float32), None),
