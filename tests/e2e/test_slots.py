@@ -114,7 +114,10 @@ def test_concurrent_mixed_requests_give_their_output_alone(make_server, qwen_dir
     there are slots to spare (none is overwritten), so that alone and together alike find each
     prompt in a slot and compute the same steps: what is compared is the interleaving, not a cold
     prompt against a cached one (a prefill chunk and a decode step round differently)."""
-    srv = make_server({"ETSERVE_MODEL_PATH": str(qwen_dir), "ETSERVE_PARALLEL": str(4 * len(MIXED))})
+    # whole prefill chunks whatever the host's load (--prefill-step-ms 0): shrunken chunks would
+    # read a prompt in other steps, which round differently
+    srv = make_server({"ETSERVE_MODEL_PATH": str(qwen_dir), "ETSERVE_PARALLEL": str(4 * len(MIXED)),
+                       "ETSERVE_PREFILL_STEP_MS": "0"})
     _together(srv)
     alone = {name: call(srv) for name, call in MIXED}
     assert all(alone.values()), alone
