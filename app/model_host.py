@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -115,10 +116,22 @@ def load_served_model(settings: Settings) -> ServedModel:
         except ValueError:
             native.close()
             raise
+    _log_refused_huge_pages(native)
     served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config, manifest, pte)
     log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", served.id, pte,
              served.context_length, served.vocab_size, sorted(served.stop_token_ids))
     return served
+
+
+def _log_refused_huge_pages(native: NativeModel) -> None:
+    """Say so when the kernel would not move the loaded weights into huge pages (runtime.cpp
+    collapse_loaded): each decode step then takes a TLB miss every 4 KB of them."""
+    memory = getattr(native, "memory", None)
+    info = memory() if memory is not None else None
+    if info is not None and info.collapse_refused:
+        log.info("the kernel moved %d MB of the loaded weights into huge pages and refused the rest (%s); "
+                 "khugepaged may move them later", info.loaded_huge >> 20,
+                 errno.errorcode.get(info.collapse_refused, str(info.collapse_refused)))
 
 
 def serve_model(settings: Settings, native: NativeModel, directory: Path, tokenizer_json: Path,

@@ -107,6 +107,7 @@ class MemoryInfo:
     planned: int  # bytes of the forward method's planned buffers (activations, KV caches); -1: the runtime's own
     planned_huge: int  # of those, resident in transparent huge pages now (-1 likewise)
     loaded_huge: int  # bytes the load allocated (a delegate's packed weights) moved into huge pages
+    collapse_refused: int = 0  # errno the kernel refused that move with (EAGAIN: fragmented), 0 if it did not
 
 
 def library_path() -> Path:
@@ -148,7 +149,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "ets_use_row": (ctypes.c_int, [p_model, ctypes.c_int64]),
         "ets_forward_calls": (ctypes.c_int64, [p_model]),
         "ets_forward_tokens": (ctypes.c_int64, [p_model]),
-        "ets_model_memory": (ctypes.c_int, [p_model] + [ctypes.POINTER(ctypes.c_int64)] * 3),
+        "ets_model_memory": (ctypes.c_int, [p_model] + [ctypes.POINTER(ctypes.c_int64)] * 4),
         "ets_top_logprobs": (
             ctypes.c_int,
             [p_model, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)],
@@ -413,7 +414,7 @@ class NativeModel:
     def memory(self) -> MemoryInfo:
         """Where the model's memory is: its planned buffers and how much of them, and of what
         the load allocated, is in transparent huge pages (etserve.h ets_model_memory)."""
-        out = [ctypes.c_int64() for _ in range(3)]
+        out = [ctypes.c_int64() for _ in range(4)]
         self._check(self._lib.ets_model_memory(self._handle, *map(ctypes.byref, out)))
         return MemoryInfo(*(x.value for x in out))
 

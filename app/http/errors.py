@@ -16,6 +16,10 @@ import falcon
 
 log = logging.getLogger("etserve")
 
+# The WSGI environ key whose value ends the request's access log line (gunicorn_conf.py
+# access_log_format: %({etserve.generation}e)s): a generation's tokens and timings, an error's code.
+ACCESS_LOG_KEY = "etserve.generation"
+
 # HTTP status -> error type, as OpenAI and Anthropic both name the client errors.
 TYPES = {
     400: "invalid_request_error",
@@ -110,6 +114,7 @@ class ErrorHandlers:
         resp.status = falcon.code_to_http_status(err.status)
         resp.content_type = falcon.MEDIA_JSON
         resp.text = json.dumps(self.envelope(req.path)(err))
+        req.env[ACCESS_LOG_KEY] = f"error={err.code or error_type(err.status)}"
         for name, value in err.headers.items():
             resp.set_header(name, value)
 

@@ -8,11 +8,11 @@ import falcon
 
 from .body import read_json
 from .cancel import cancel_token_for
+from .errors import ACCESS_LOG_KEY
 from .sessions import with_header_session
 from .sse import HEADERS, Event, sse_stream
 
-# The WSGI environ key gunicorn's access log line prints (gunicorn.conf.py: %({etserve.generation}e)s)
-LOG_KEY = "etserve.generation"
+LOG_KEY = ACCESS_LOG_KEY
 
 
 def generation_log(generations) -> str:

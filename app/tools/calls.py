@@ -80,8 +80,8 @@ def call_from_obj(obj: Any) -> Optional[Call]:
     if not isinstance(name, str) or not name.strip():
         return None
     args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
-    if args is None or (isinstance(args, str) and not args.strip()):
-        args = {}
+    if args is None or args == [] or (isinstance(args, str) and not args.strip()):
+        args = {}  # [] is how small models write "no arguments" (Qwen 0.5B, Codex's MCP test: 1 turn in 12)
     if isinstance(args, str):
         parsed, args = try_loads(args)  # bounded depth: the model's text is no more trusted than a client's
         if not parsed:

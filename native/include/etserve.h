@@ -130,8 +130,12 @@ ETS_API int64_t ets_forward_tokens(const ets_model* m);
  * resident in transparent huge pages now (pages are faulted in as they are
  * used; both -1 when the runtime's own buffers are used because our mapping
  * failed); loaded_huge: what the load allocated on the heap (a delegate's
- * packed weights) that was moved into huge pages. 0 where the kernel has none. */
-ETS_API int ets_model_memory(const ets_model* m, int64_t* planned, int64_t* planned_huge, int64_t* loaded_huge);
+ * packed weights) that was moved into huge pages. 0 where the kernel has none;
+ * collapse_refused: the errno the kernel refused that move with (EINVAL: no
+ * MADV_COLLAPSE before Linux 6.1; EAGAIN or ENOMEM: no free huge page, memory
+ * fragmented), 0 if it did not. */
+ETS_API int ets_model_memory(const ets_model* m, int64_t* planned, int64_t* planned_huge, int64_t* loaded_huge,
+                             int64_t* collapse_refused);
 
 /* Samples one token from the last logits. `rng_state` is the caller's
  * per-request generator state (any value works as a seed). Writes the id to

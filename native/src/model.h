@@ -62,6 +62,7 @@ struct ets_model {
   std::vector<int32_t> order;     // sampler candidate ids
   std::vector<float> weights;     // sampler weights by token id, vocab_size floats
   size_t loaded_huge_bytes = 0;  // of what the load allocated, moved into huge pages (runtime.cpp)
+  int collapse_refused = 0;  // errno of the kernel's first refusal to collapse them, 0 if none
   int64_t forward_calls = 0;
   int64_t forward_tokens = 0;
   std::string error;

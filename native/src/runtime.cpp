@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include <cstring>
+#include <cerrno>
 #include <fstream>
 #include <new>
 #include <string>
@@ -222,9 +223,13 @@ std::vector<std::pair<uintptr_t, uintptr_t>> anonymous_mappings() {
 // as PlannedMemory's buffers are: the anonymous mappings of 4 MB or more that were not there
 // before the load, but for PlannedMemory's own (advised already, and not all touched: collapsing
 // them would make them resident). MADV_COLLAPSE (Linux 6.1) moves their pages into huge pages
-// now; an older kernel refuses it and khugepaged may do it later. Returns the bytes collapsed.
-size_t collapse_loaded(const std::vector<std::pair<uintptr_t, uintptr_t>>& before, const PlannedMemory& planned) {
+// now; an older kernel refuses it (EINVAL), and so does one without a free huge page to give
+// (EAGAIN, ENOMEM: memory fragmented): then each 2 MB piece is tried alone, and khugepaged may do
+// the rest later. Returns the bytes collapsed; *refused: the first refusal's errno, 0 if none.
+size_t collapse_loaded(const std::vector<std::pair<uintptr_t, uintptr_t>>& before, const PlannedMemory& planned,
+                       int* refused) {
   size_t collapsed = 0;
+  *refused = 0;
   for (const auto& [lo, hi] : anonymous_mappings()) {
     if (hi - lo < (size_t(4) << 20) || planned.overlaps(lo, hi)) continue;
     bool old = false;
@@ -234,7 +239,14 @@ size_t collapse_loaded(const std::vector<std::pair<uintptr_t, uintptr_t>>& befor
     if (e <= s) continue;
     madvise(reinterpret_cast<void*>(s), e - s, MADV_HUGEPAGE);
     constexpr int kMadvCollapse = 25;  // <sys/mman.h> names it from glibc 2.37 on
-    if (madvise(reinterpret_cast<void*>(s), e - s, kMadvCollapse) == 0) collapsed += e - s;
+    if (madvise(reinterpret_cast<void*>(s), e - s, kMadvCollapse) == 0) {
+      collapsed += e - s;
+      continue;
+    }
+    if (*refused == 0) *refused = errno;
+    if (errno == EINVAL) continue;  // no MADV_COLLAPSE in this kernel
+    for (uintptr_t p = s; p < e; p += kHugePage)
+      if (madvise(reinterpret_cast<void*>(p), kHugePage, kMadvCollapse) == 0) collapsed += kHugePage;
   }
   return collapsed;
 }
@@ -296,7 +308,7 @@ ets_model* ets_model_open(const char* path, char* err, size_t err_len) {
     delete m;
     return nullptr;
   }
-  m->loaded_huge_bytes = etserve::collapse_loaded(mappings_before, m->planned);
+  m->loaded_huge_bytes = etserve::collapse_loaded(mappings_before, m->planned, &m->collapse_refused);
   std::string why;
   if (!m->read_metadata(&why)) {
     copy_message(err, err_len, std::string("cannot use ") + path + ": " + why);
@@ -354,10 +366,13 @@ int ets_get_logits(ets_model* m, float* out, int64_t n) {
 int64_t ets_forward_calls(const ets_model* m) { return m == nullptr ? 0 : m->forward_calls; }
 int64_t ets_forward_tokens(const ets_model* m) { return m == nullptr ? 0 : m->forward_tokens; }
 
-int ets_model_memory(const ets_model* m, int64_t* planned, int64_t* planned_huge, int64_t* loaded_huge) {
-  if (m == nullptr || planned == nullptr || planned_huge == nullptr || loaded_huge == nullptr)
+int ets_model_memory(const ets_model* m, int64_t* planned, int64_t* planned_huge, int64_t* loaded_huge,
+                     int64_t* collapse_refused) {
+  if (m == nullptr || planned == nullptr || planned_huge == nullptr || loaded_huge == nullptr ||
+      collapse_refused == nullptr)
     return ETS_ERR_INVALID_ARGUMENT;
   *loaded_huge = static_cast<int64_t>(m->loaded_huge_bytes);
+  *collapse_refused = m->collapse_refused;
   if (m->planned.allocator() == nullptr) {
     *planned = *planned_huge = -1;
     return ETS_OK;

@@ -201,6 +201,15 @@ def test_missing_arguments_is_empty_object():
     assert got.tool_calls[0].arguments == "{}"
 
 
+def test_empty_list_arguments_is_empty_object():
+    """Qwen 0.5B writes a call to a tool without parameters with `"arguments": []` (Codex's MCP test)."""
+    for text in ('<tool_call>{"name": "search", "arguments": []}</tool_call>',
+                 '```json\n{"name": "search", "arguments": []}\n```'):
+        got = parse_tool_calls(text, TOOLS)
+        assert [(c.name, c.arguments) for c in got.tool_calls] == [("search", "{}")], text
+    assert not parse_tool_calls('<tool_call>{"name": "search", "arguments": [1]}</tool_call>', TOOLS).tool_calls
+
+
 def test_mixed_block_with_undeclared_tool_stays_content():
     text = '<tool_call>[{"name": "search", "arguments": {}}, {"name": "nope", "arguments": {}}]</tool_call>'
     assert summary(parse_tool_calls(text, TOOLS)) == (text, [])
