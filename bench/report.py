@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from bench import agents, big, own, perplexity, sharing, speculation, versus  # noqa: E402
 from bench.machine import cpu_model, cpu_tier, load_average, memory_bandwidth, native_build  # noqa: E402
 from bench.models import default_model_dir, models_root  # noqa: E402
-from bench.table import log, markdown  # noqa: E402
+from bench.table import Row, log, markdown  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -143,6 +143,35 @@ def benchmarks_page(table: str, when: str, argv, args, minutes: float, bandwidth
     return PAGE_HEADER + "\n" + "\n".join(host) + "\n\n" + table + "\n"
 
 
+README = ROOT / "README.md"
+README_BEGIN = "<!-- bench:begin (written by `make bench`, bench/report.py; do not edit) -->"
+README_END = "<!-- bench:end -->"
+
+
+def readme_block(rows: list[Row], host: str) -> str:
+    """The README's benchmark block: the rows against llama.cpp, their measured figures and ratios
+    (the whole table, with targets, is docs/benchmarks.md), and the host they were measured on."""
+    headline = [r for r in rows if "llama.cpp" in r.name and r.ratio is not None]
+    lines = [f"The latest `make bench` against llama.cpp's server, same model and threads: {host}.", "",
+             "| row | measured | ratio | target | met |", "|---|---|---|---|---|"]
+    for r in headline:
+        name, _, measured, ratio, target, met = r.cells()
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (name, measured, ratio, target, met)) + " |")
+    if not headline:
+        lines = [f"The latest `make bench` ({host}) measured no row against llama.cpp."]
+    return "\n".join(lines)
+
+
+def rewrite_marked(text: str, content: str, begin: str = README_BEGIN, end: str = README_END) -> str:
+    """`text` with what lies between the `begin` and `end` lines replaced by `content`; unchanged
+    when either marker is missing (a README edited by hand keeps its words)."""
+    start = text.find(begin)
+    stop = text.find(end, start + len(begin)) if start >= 0 else -1
+    if start < 0 or stop < 0:
+        return text
+    return text[:start + len(begin)] + "\n" + content.strip("\n") + "\n" + text[stop:]
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     started, load_start = time.monotonic(), load_average()
@@ -192,6 +221,10 @@ def main(argv=None) -> None:
     if not args.no_doc:
         args.doc.write_text(benchmarks_page(table, when, argv, args, minutes, bandwidth))
         log(f"wrote {args.doc}")
+        if args.only is None and args.doc == ROOT / "docs" / "benchmarks.md":  # a whole run: the README's rows too
+            host = f"{when}, {cpu_model()} ({os.cpu_count()} cores, tier {cpu_tier()}), commit `{_commit()}`"
+            README.write_text(rewrite_marked(README.read_text(), readme_block(rows, host)))
+            log(f"rewrote the benchmark block of {README}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
 
