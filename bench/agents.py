@@ -72,9 +72,13 @@ class Logged:
     ttft_ms: int  # queued + prefill
 
 
-def run_claude(url: str, model: str, prompt: str, home: Path, work: Path, timeout: float = 1800) -> Turn:
+def run_claude(url: str, model: str, prompt: str, home: Path, work: Path, timeout: float = 1800,
+               max_output_tokens: int | None = None) -> Turn:
+    """One `claude -p` turn; `max_output_tokens` caps each of its replies (it asks 32,000 otherwise)."""
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "ANTHROPIC_BASE_URL": url,
            "ANTHROPIC_API_KEY": "anything", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    if max_output_tokens is not None:
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_output_tokens)
     started = time.monotonic()
     proc = subprocess.run([str(CLAUDE), "-p", prompt, "--model", model], cwd=work, env=env,
                           capture_output=True, text=True, timeout=timeout)

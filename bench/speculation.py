@@ -14,14 +14,18 @@ so no server finds it cached.
                                         spec types on the same run (target >= 2.5); each type's
                                         figure is in the log and the row's text
   prose, speculation on / off           a story (nothing to copy): on ÷ off (target >= 0.97)
-  claude code edit turn, on / off       a real Claude Code turn asked to edit a file (bench/data/
-                                        edits/cancel.py copied into its working directory), start
-                                        to exit, etserve with drafts ÷ without (reported; sampled
-                                        at Claude Code's temperature, one turn each)
+  claude code edit turn, on / off       real Claude Code turns given a file (bench/data/edits/
+                                        cancel.py, also copied into its working directory) and
+                                        asked to rename a class in it and write it back: decode
+                                        tok/s over the turns' requests (access log), etserve with
+                                        drafts ÷ without, 3 sampled turns each, alternating on two
+                                        servers (reported, with wall times and how many turns
+                                        edited the file: the 0.5B model rarely calls the tools)
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
@@ -52,8 +56,12 @@ ON_OFF = "code edits, speculation on / off"
 VS_PEER = "code edits vs llama.cpp (best ngram)"
 PROSE = "prose, speculation on / off"
 AGENT_EDIT = "claude code edit turn, on / off"
-AGENT_PROMPT = ("In cancel.py, rename the class CancelToken to StopToken everywhere, and write the whole "
-                "file back.")
+AGENT_PROMPT = ("Here is cancel.py:\n```python\n{file}```\nRename the class CancelToken to StopToken everywhere "
+                "in it (code, docstrings and comments), and write the whole new file to cancel.py.")
+AGENT_TURNS = 3  # per side: Claude Code samples (temperature 1), the replies' lengths vary
+AGENT_MAX_TOKENS = 2048  # per reply (the file is ~600 tokens): a sampled ramble measured 13,384 tokens, 6 minutes
+# an access log line's completion tokens and decode time (app/http/generation_resource.py)
+DECODE_LOG = re.compile(r"completion=(\d+) finish=\S+ queued=\d+ms prefill=\d+ms decode=(\d+)ms")
 
 
 def _edit(url: str, tag: str, task: tuple[str, str], extra: dict) -> float:
@@ -132,8 +140,16 @@ def speculation_rows(args, results: dict) -> list[Row]:
     return rows
 
 
+def _turn_decode(server, since: int) -> tuple[int, float]:
+    """Completion tokens and decode seconds of the requests in the server's access log since `since`."""
+    text = server.log_path.read_bytes()[since:].decode(errors="replace")
+    found = DECODE_LOG.findall(text)
+    return sum(int(c) for c, _ in found), sum(int(ms) for _, ms in found) / 1000
+
+
 def agent_edit_rows(args, results: dict) -> list[Row]:
-    """A Claude Code editing turn against etserve with drafts and without (bench/agents.py runs it)."""
+    """Claude Code editing turns against etserve with drafts and without, alternating, one server
+    each (bench/agents.py runs the turns)."""
     from bench.agents import CLAUDE, run_claude
     from bench.client import get_json
     from bench.models import long_context_dir
@@ -141,31 +157,48 @@ def agent_edit_rows(args, results: dict) -> list[Row]:
     serve_dir = long_context_dir(args.model_dir)
     if not CLAUDE.exists() or serve_dir is None:
         return [Row(AGENT_EDIT, "a Claude Code editing turn", "not run (Claude Code or a 32k build missing)")]
-    turns = {}
-    for side, env in (("on", {}), ("off", {"ETSERVE_DRAFT_MAX": "0"})):
-        scratch = Path(tempfile.mkdtemp(prefix="etserve-bench-edit-"))
-        home, work = scratch / "home", scratch / "work"
-        home.mkdir()
-        work.mkdir()
-        shutil.copy(EDITS / "cancel.py", work / "cancel.py")
-        et = EtServe(serve_dir, args.threads, env)
-        try:
-            model = get_json(et.url, "/v1/models")["data"][0]["id"]
-            turn = run_claude(et.url, model, AGENT_PROMPT, home, work)
-            metrics = requests.get(et.url + "/metrics", timeout=30).text
-            accepted = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                           if line.startswith("etserve_draft_accepted_tokens_total"))
-            edited = "StopToken" in (work / "cancel.py").read_text()
-        finally:
+    source = (EDITS / "cancel.py").read_text()
+    servers: dict[str, EtServe] = {}
+    turns: dict[str, list[dict]] = {"on": [], "off": []}
+    try:
+        servers["on"] = EtServe(serve_dir, args.threads)
+        servers["off"] = EtServe(serve_dir, args.threads, {"ETSERVE_DRAFT_MAX": "0"})
+        model = get_json(servers["on"].url, "/v1/models")["data"][0]["id"]
+        for i in range(AGENT_TURNS):
+            for side in (("on", "off") if i % 2 == 0 else ("off", "on")):
+                et = servers[side]
+                scratch = Path(tempfile.mkdtemp(prefix="etserve-bench-edit-"))
+                home, work = scratch / "home", scratch / "work"
+                home.mkdir()
+                work.mkdir()
+                (work / "cancel.py").write_text(source)
+                since = et.log_path.stat().st_size
+                try:
+                    turn = run_claude(et.url, model, AGENT_PROMPT.format(file=source), home, work,
+                                      max_output_tokens=AGENT_MAX_TOKENS)
+                    edited = "StopToken" in (work / "cancel.py").read_text()
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                tokens, decode_s = _turn_decode(et, since)
+                turns[side].append({"seconds": turn.seconds, "returncode": turn.returncode, "edited": edited,
+                                    "renamed_in_reply": "StopToken" in turn.reply, "tokens": tokens,
+                                    "decode_s": decode_s})
+                log(f"  claude code edit, drafts {side}: {turn.seconds:.1f} s, exit {turn.returncode}, file edited: "
+                    f"{edited}, {tokens} tokens decoded in {decode_s:.1f} s")
+        accepted = sum(float(line.split()[-1]) for line in
+                       requests.get(servers["on"].url + "/metrics", timeout=30).text.splitlines()
+                       if line.startswith("etserve_draft_accepted_tokens_total"))
+    finally:
+        for et in servers.values():
             et.stop()
-            shutil.rmtree(scratch, ignore_errors=True)
-        turns[side] = (turn, accepted, edited)
-        log(f"  claude code edit, drafts {side}: {turn.seconds:.1f} s, exit {turn.returncode}, "
-            f"file edited: {edited}, drafts accepted {accepted:.0f}")
-    results["speculation_agent_edit"] = {k: {"seconds": t.seconds, "returncode": t.returncode, "accepted": a,
-                                             "edited": e} for k, (t, a, e) in turns.items()}
-    (on, a_on, e_on), (off, _, e_off) = turns["on"], turns["off"]
-    return [Row(AGENT_EDIT, f"Claude Code asked to rename a class in a 64-line file, start to exit, etserve "
-                f"drafts on ÷ --draft-max 0 (one sampled turn each; file edited: {e_on} / {e_off}; "
-                f"{a_on:.0f} drafted tokens accepted)", f"{on.seconds:.1f} s / {off.seconds:.1f} s",
-                on.seconds / off.seconds)]
+    results["speculation_agent_edit"] = turns
+    rate = {side: sum(t["tokens"] for t in ts) / max(1e-9, sum(t["decode_s"] for t in ts)) for side, ts in turns.items()}
+    wall = {side: median([t["seconds"] for t in ts]) for side, ts in turns.items()}
+    count = {side: (sum(t["edited"] for t in ts), sum(t["renamed_in_reply"] for t in ts)) for side, ts in turns.items()}
+    return [Row(AGENT_EDIT, f"Claude Code given a 64-line file and asked to rename a class in it and write it back, "
+                f"{AGENT_TURNS} sampled turns per side alternating; decode tok/s over the turns' requests "
+                f"(completion tokens ÷ decode time, access log), etserve drafts on ÷ --draft-max 0; turn wall "
+                f"time medians {wall['on']:.1f} s / {wall['off']:.1f} s; file edited in {count['on'][0]} / "
+                f"{count['off'][0]} turns, renamed class in the reply in {count['on'][1]} / {count['off'][1]}; "
+                f"{accepted:.0f} drafted tokens accepted", f"{rate['on']:.1f} / {rate['off']:.1f} tok/s",
+                rate["on"] / rate["off"] if rate["off"] else None)]
