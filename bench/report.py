@@ -130,10 +130,11 @@ def _commit() -> str:
         return "unknown"
 
 
-def benchmarks_page(table: str, when: str, argv, args, minutes: float, bandwidth: float | None) -> str:
+def benchmarks_page(table: str, when: str, argv, args, minutes: float, bandwidth: float | None,
+                    commit: str | None = None) -> str:
     command = " ".join(["python -m bench.report", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     host = [
-        f"- **Run**: {when}, commit `{_commit()}`, {minutes:.1f} min: `{command}`",
+        f"- **Run**: {when}, commit `{commit or _commit()}`, {minutes:.1f} min: `{command}`",
         f"- **CPU**: {cpu_model()}, {os.cpu_count()} cores; instruction-set tier {cpu_tier()}",
         f"- **Native library**: {native_build()}",
         f"- **Threads**: {args.threads} runtime threads"
@@ -219,10 +220,11 @@ def main(argv=None) -> None:
     table = markdown(rows)
     print(table)
     if not args.no_doc:
-        args.doc.write_text(benchmarks_page(table, when, argv, args, minutes, bandwidth))
+        commit = _commit()  # before the page is written: it would make the tree dirty
+        args.doc.write_text(benchmarks_page(table, when, argv, args, minutes, bandwidth, commit))
         log(f"wrote {args.doc}")
         if args.only is None and args.doc == ROOT / "docs" / "benchmarks.md":  # a whole run: the README's rows too
-            host = f"{when}, {cpu_model()} ({os.cpu_count()} cores, tier {cpu_tier()}), commit `{_commit()}`"
+            host = f"{when}, {cpu_model()} ({os.cpu_count()} cores, tier {cpu_tier()}), commit `{commit}`"
             README.write_text(rewrite_marked(README.read_text(), readme_block(rows, host)))
             log(f"rewrote the benchmark block of {README}")
     if args.json:

@@ -86,10 +86,17 @@ def load_eager_model(model_dir: Path, work_dir: Path, kv_cache: str | None = Non
     from .export import output_quantization
 
     from .checkpoint import shared_map
+    from .quant_cache import HqqCache, cache_file
 
-    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr), shared_map(ckpt), \
+    # torchao's HQQ scale search replayed from the build's own cache (the values the build used,
+    # bit for bit; computed where it is missing): it was a minute of each reference's start
+    sha = (manifest.get("source") or {}).get("gguf_sha256")
+    quantized = options.quantize != "none" or options.embedding_quantize != "none"
+    hqq = HqqCache(cache_file(spec, options, sha) if quantized and sha else None)
+    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr), shared_map(ckpt), hqq.active(), \
             output_quantization(options.output_quantize == "8bit"):  # it prints what it quantizes
         model, _, _ = get_llama_model(cfg)
+    print(hqq.summary(), file=sys.stderr)
     return model.eval()
 
 
