@@ -95,8 +95,9 @@ def prompt_tokens(s: Stream) -> int:
 def server_pair(serve_dir: Path, gguf: Path, threads: int, ctx: int, bias: dict) -> tuple[Side, Side]:
     """etserve on `serve_dir` and llama-server on `gguf` (-c ctx), both started, as the two sides of
     a comparison: etserve never stops early (`bias` on its end-of-text tokens), llama.cpp ignores
-    its EOS and caches no prompt."""
-    et_server = EtServe(serve_dir, threads)
+    its EOS and caches no prompt. Neither drafts (llama-server's default; etserve's drafts are
+    compared with llama.cpp's ngram spec types in bench/speculation.py)."""
+    et_server = EtServe(serve_dir, threads, {"ETSERVE_DRAFT_MAX": "0"})  # as llama-server: no speculation
     try:
         llama_server = LlamaServer(peer.program("llama-server"), gguf, threads, ctx)
     except Exception:
@@ -133,7 +134,7 @@ def peer_section(args, results: dict) -> list[Row]:
         results["decode"] = {k: [s.decode_tok_s for s in v] for k, v in dec.items()}
         n_prompt = prompt_tokens(dec["etserve"][0])
         log(f"decode tok/s: etserve {results['decode']['etserve']}, llama.cpp {results['decode']['llama.cpp']}")
-        rows.append(Row(DECODE, f"{name} vs Q4_0 GGUF: decode tok/s, {n_prompt}-token prompt, "
+        rows.append(Row(DECODE, f"{name} vs Q4_0 GGUF: decode tok/s, drafts off on both, {n_prompt}-token prompt, "
                         f"{args.decode_tokens} tokens (median of {args.rounds})",
                         f"{rate['etserve']:.1f} / {rate['llama.cpp']:.1f}", rate["etserve"] / rate["llama.cpp"],
                         (">=", 1.1)))
