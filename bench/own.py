@@ -46,6 +46,9 @@ HTTP_OVERHEAD = "http overhead"
 # The servers these rows compare with loops that decode one token a step: drafts off (the
 # speculation rows, bench/speculation.py, measure them; a repetitive continuation accepts drafts)
 NO_DRAFTS = {"ETSERVE_DRAFT_MAX": "0"}
+# The session-restore row's server: one sequence slot, so that another conversation does take the
+# model (with several, a finished conversation keeps its slot and its "cold" turn is warm)
+ONE_SLOT = {**NO_DRAFTS, "ETSERVE_PARALLEL": "1"}
 SESSION_RESTORE = "session restore"
 VS_RUNNER = "vs ExecuTorch runner"
 HEALTH = "health latency"
@@ -164,7 +167,7 @@ def default_section(args, bandwidth: float, results: dict) -> list[Row]:
     prompt, ids, bias = decode_prompt(directory, "gamma", args.prompt_tokens)
     log(f"{name}: starting the server and the workers (prompt {len(ids)} tokens, {n} new tokens)")
     ours, runner = spawn("ours", directory, threads), spawn("runner", directory, threads)
-    server = EtServe(directory, threads, NO_DRAFTS)
+    server = EtServe(directory, threads, ONE_SLOT)
     rows: list[Row] = []
     try:
         ours, runner = ready(ours), ready(runner)
