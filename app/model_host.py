@@ -126,9 +126,8 @@ def load_served_model(settings: Settings) -> ServedModel:
 def _log_refused_huge_pages(native: NativeModel) -> None:
     """Say so when the kernel would not move the loaded weights into huge pages (runtime.cpp
     collapse_loaded): each decode step then takes a TLB miss every 4 KB of them."""
-    memory = getattr(native, "memory", None)
-    info = memory() if memory is not None else None
-    if info is not None and info.collapse_refused:
+    info = native.memory()
+    if info.collapse_refused:
         log.info("the kernel moved %d MB of the loaded weights into huge pages and refused the rest (%s); "
                  "khugepaged may move them later", info.loaded_huge >> 20,
                  errno.errorcode.get(info.collapse_refused, str(info.collapse_refused)))

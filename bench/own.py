@@ -37,15 +37,12 @@ from bench.machine import cpu_model, cpu_tier
 from bench.models import bytes_per_token, is_built, label, model_json, plain_of
 from bench.prompts import code_prompt, load_tokenizer
 from bench.decoding import fills_within
-from bench.servers import EtServe
+from bench.servers import NO_DRAFTS, EtServe
 from bench.sessions import turn2_ttft
 from bench.table import NOT_BUILT, Row, log, median
 from bench.workers import Worker, WorkerError, ready, spawn
 
 HTTP_OVERHEAD = "http overhead"
-# The servers these rows compare with loops that decode one token a step: drafts off (the
-# speculation rows, bench/speculation.py, measure them; a repetitive continuation accepts drafts)
-NO_DRAFTS = {"ETSERVE_DRAFT_MAX": "0"}
 # The session-restore row's server: one sequence slot, so that another conversation does take the
 # model (with several, a finished conversation keeps its slot and its "cold" turn is warm)
 ONE_SLOT = {**NO_DRAFTS, "ETSERVE_PARALLEL": "1"}

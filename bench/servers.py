@@ -96,6 +96,12 @@ class ServerProcess:
         self.stop()
 
 
+# etserve's environment for a server that decodes one token a step: what a row comparing plain
+# decoding (llama-server without speculation, a bare native loop) runs; bench/speculation.py
+# measures the drafts themselves
+NO_DRAFTS = {"ETSERVE_DRAFT_MAX": "0"}
+
+
 class EtServe(ServerProcess):
     """etserve serving one model directory under the real gunicorn config (one gevent worker)."""
 

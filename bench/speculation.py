@@ -36,7 +36,7 @@ import requests
 from bench import peer
 from bench.client import stream
 from bench.models import label
-from bench.servers import EtServe, LlamaServer
+from bench.servers import NO_DRAFTS, EtServe, LlamaServer
 from bench.table import Row, log, median
 
 EDITS = Path(__file__).parent / "data" / "edits"
@@ -82,7 +82,7 @@ def speculation_rows(args, results: dict) -> list[Row]:
     nonce = time.strftime("%H%M%S")
     rows: list[Row] = []
     et = {"on": EtServe(args.model_dir, args.threads), "off": EtServe(args.model_dir, args.threads,
-                                                                      {"ETSERVE_DRAFT_MAX": "0"})}
+                                                                      NO_DRAFTS)}
     edits: dict[str, list[float]] = {"on": [], "off": []}
     prose: dict[str, list[float]] = {"on": [], "off": []}
     try:
@@ -162,7 +162,7 @@ def agent_edit_rows(args, results: dict) -> list[Row]:
     turns: dict[str, list[dict]] = {"on": [], "off": []}
     try:
         servers["on"] = EtServe(serve_dir, args.threads)
-        servers["off"] = EtServe(serve_dir, args.threads, {"ETSERVE_DRAFT_MAX": "0"})
+        servers["off"] = EtServe(serve_dir, args.threads, NO_DRAFTS)
         model = get_json(servers["on"].url, "/v1/models")["data"][0]["id"]
         for i in range(AGENT_TURNS):
             for side in (("on", "off") if i % 2 == 0 else ("off", "on")):

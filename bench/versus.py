@@ -45,7 +45,7 @@ from bench.client import Stream, stream
 from bench.fim import fim_rows
 from bench.models import LONG_CONTEXT, bytes_per_token, label, long_context_dir, max_seq_len, model_json
 from bench.prompts import code_prompt, load_tokenizer
-from bench.servers import EtServe, LlamaServer, ServerProcess
+from bench.servers import NO_DRAFTS, EtServe, LlamaServer, ServerProcess
 from bench.table import NOT_BUILT, Row, log, median
 
 DECODE = "decode vs llama.cpp"
@@ -97,7 +97,7 @@ def server_pair(serve_dir: Path, gguf: Path, threads: int, ctx: int, bias: dict)
     a comparison: etserve never stops early (`bias` on its end-of-text tokens), llama.cpp ignores
     its EOS and caches no prompt. Neither drafts (llama-server's default; etserve's drafts are
     compared with llama.cpp's ngram spec types in bench/speculation.py)."""
-    et_server = EtServe(serve_dir, threads, {"ETSERVE_DRAFT_MAX": "0"})  # as llama-server: no speculation
+    et_server = EtServe(serve_dir, threads, NO_DRAFTS)  # as llama-server: no speculation
     try:
         llama_server = LlamaServer(peer.program("llama-server"), gguf, threads, ctx)
     except Exception:

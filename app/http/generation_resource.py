@@ -12,8 +12,6 @@ from .errors import ACCESS_LOG_KEY
 from .sessions import with_header_session
 from .sse import HEADERS, Event, sse_stream
 
-LOG_KEY = ACCESS_LOG_KEY
-
 
 def generation_log(generations) -> str:
     """Tokens and timings of a request's generations, summed, for its access log line."""
@@ -51,7 +49,7 @@ class GenerationResource:
 
         def finished() -> None:  # before gunicorn writes the access line
             cancel.close()
-            req.env[LOG_KEY] = generation_log(cancel.generations)
+            req.env[ACCESS_LOG_KEY] = generation_log(cancel.generations)
 
         if request.stream:
             resp.content_type = "text/event-stream"

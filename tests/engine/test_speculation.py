@@ -56,6 +56,12 @@ def prompts(served_model):
     ]
 
 
+def engine(model, **options) -> Engine:
+    """An engine whose outputs are compared: no prefix reuse, and prompts read in whole chunks
+    whatever the host's load (prefill_step_s 0: shrunken chunks round differently)."""
+    return Engine(model, prefix_reuse=False, prefill_step_s=0, **options)
+
+
 def generate(engine: Engine, ids: list[int], n: int, sampling=GREEDY):
     gen = engine.generate(GenerationRequest(ids, n, sampling, frozenset({2})))
     return [e.token_id for e in gen], gen.stats
@@ -77,16 +83,16 @@ def together(engine: Engine, prompts, n: int, sampling=GREEDY):
 
 def test_greedy_output_is_plain_decodings_with_drafts_and_shared_steps(model, prompts):
     draft_max = 31  # up to a whole rows call of one sequence's draft (the default clamps to it)
-    plain = Engine(model, slots=4, draft_max=0, prefix_reuse=False, prefill_step_s=0)
+    plain = engine(model, slots=4, draft_max=0)
     alone = [generate(plain, p, 80)[0] for p in prompts]
-    spec = Engine(model, slots=4, draft_max=draft_max, prefix_reuse=False, prefill_step_s=0)
+    spec = engine(model, slots=4, draft_max=draft_max)
     one_by_one = [generate(spec, p, 80) for p in prompts]
     assert [t for t, _ in one_by_one] == alone
     copy_stats = one_by_one[0][1]
     assert copy_stats.draft_accepted >= 20, copy_stats  # copying code: most drafts are right
     assert copy_stats.completion_tokens > 0 and spec.model.forward_calls > 0
     assert set(spec.step_costs.measured()) - {1}, "the engine measured no drafted step's cost"
-    shared = Engine(model, slots=4, draft_max=draft_max, prefix_reuse=False, prefill_step_s=0)
+    shared = engine(model, slots=4, draft_max=draft_max)
     results = together(shared, prompts, 80)
     assert [t for t, _ in results] == alone
     assert shared.steps.shared > 0, "no decode step went along in another sequence's forward call"
@@ -94,9 +100,9 @@ def test_greedy_output_is_plain_decodings_with_drafts_and_shared_steps(model, pr
 
 
 def test_batched_decode_without_drafts(model, prompts):
-    plain = Engine(model, slots=4, draft_max=0, prefix_reuse=False, prefill_step_s=0)
+    plain = engine(model, slots=4, draft_max=0)
     alone = [generate(plain, p, 40)[0] for p in prompts]
-    shared = Engine(model, slots=4, draft_max=0, prefix_reuse=False, prefill_step_s=0)
+    shared = engine(model, slots=4, draft_max=0)
     assert [t for t, _ in together(shared, prompts, 40)] == alone
     assert shared.steps.shared > 0
 
@@ -106,8 +112,8 @@ def test_batched_decode_without_drafts(model, prompts):
     SamplingParams(temperature=1.0, top_k=40, top_p=0.9, repetition_penalty=1.1, seed=7),
 ])
 def test_sampled_output_with_a_seed_is_plain_decodings(model, prompts, sampling):
-    plain = Engine(model, slots=2, draft_max=0, prefix_reuse=False, prefill_step_s=0)
-    spec = Engine(model, slots=2, draft_max=8, prefix_reuse=False, draft_sampled=True, prefill_step_s=0)
+    plain = engine(model, slots=2, draft_max=0)
+    spec = engine(model, slots=2, draft_max=8, draft_sampled=True)
     for p in (prompts[0], prompts[3]):
         expected = generate(plain, p, 60, sampling)[0]
         got, stats = generate(spec, p, 60, sampling)
@@ -117,9 +123,9 @@ def test_sampled_output_with_a_seed_is_plain_decodings(model, prompts, sampling)
 
 def test_sampled_requests_draft_unless_told_not_to(model, prompts):
     sampled = SamplingParams(temperature=0.8, seed=1234)
-    default = Engine(model, slots=2, draft_max=8, prefix_reuse=False, prefill_step_s=0)
+    default = engine(model, slots=2, draft_max=8)
     assert sum(generate(default, p, 60, sampled)[1].drafted for p in (prompts[0], prompts[3])) > 0
-    greedy_only = Engine(model, slots=2, draft_max=8, prefix_reuse=False, draft_sampled=False, prefill_step_s=0)
+    greedy_only = engine(model, slots=2, draft_max=8, draft_sampled=False)
     assert sum(generate(greedy_only, p, 60, sampled)[1].drafted for p in (prompts[0], prompts[3])) == 0
     _, stats = generate(greedy_only, prompts[0], 30)
     assert stats.drafted > 0  # greedy ones draft
@@ -134,8 +140,8 @@ def test_sampled_output_under_a_grammar_with_a_seed_is_plain_decodings(model, mo
     schema = {"type": "object", "properties": {"code": {"type": "string"}, "lines": {"type": "integer"}},
               "required": ["code", "lines"]}
     grammar = compiler.compile(output_grammar(json_grammar(schema)))
-    plain = Engine(model, slots=2, draft_max=0, prefix_reuse=False, prefill_step_s=0)
-    spec = Engine(model, slots=2, draft_max=16, prefix_reuse=False, draft_sampled=True, prefill_step_s=0)
+    plain = engine(model, slots=2, draft_max=0)
+    spec = engine(model, slots=2, draft_max=16, draft_sampled=True)
     drafted = 0
     for seed in (1, 2, 3):
         sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=seed)
@@ -162,9 +168,9 @@ def test_a_grammars_forced_tokens_are_drafted(model, model_dir, prompts):
               "required": ["the_title_of_this_poem_in_plain_words", "the_number_of_its_verses_counted_by_hand"]}
     grammar = compiler.compile(output_grammar(json_grammar(schema)))
     request = GenerationRequest(prompts[1], 60, GREEDY, frozenset({2}), constraint=grammar)
-    plain = Engine(model, slots=2, draft_max=0, prefix_reuse=False, prefill_step_s=0)
+    plain = engine(model, slots=2, draft_max=0)
     expected = [e.token_id for e in plain.generate(request)]
-    spec = Engine(model, slots=2, draft_max=16, prefix_reuse=False, prefill_step_s=0)
+    spec = engine(model, slots=2, draft_max=16)
     gen = spec.generate(request)
     assert [e.token_id for e in gen] == expected
     assert gen.stats.draft_accepted >= 8, gen.stats  # the two keys' tokens, at least
@@ -194,8 +200,8 @@ def test_sampled_tool_calling_turns_are_plain_decodings_on_the_default_model(qwe
         [{"role": "user", "content": "What does app/engine/drafts.py define? Read it, then tell me. Here is the "
                                      "start of it:\n\n" + CODE}], tools=tools))
     stops = frozenset(qwen.info.eos_ids)
-    plain = Engine(qwen, slots=2, draft_max=0, prefix_reuse=False, prefill_step_s=0)
-    spec = Engine(qwen, slots=2, draft_max=16, prefix_reuse=False, prefill_step_s=0)
+    plain = engine(qwen, slots=2, draft_max=0)
+    spec = engine(qwen, slots=2, draft_max=16)
     drafted = 0
     for seed in (11, 12, 13, 14):
         sampling = SamplingParams(temperature=1.0, top_p=1.0, seed=seed)
