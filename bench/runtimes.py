@@ -154,11 +154,17 @@ def open_et(model_dir: Path, threads: int) -> dict:
     module = portable_lib._load_for_executorch(str(model_dir / "model.pte"))
     meta = module.method_meta("forward")
     info = {"vocab": meta.output_tensor_meta(0).sizes()[-1], "max_prefill": meta.input_tensor_meta(0).sizes()[1]}
+    rows = meta.num_inputs() == 3  # a rows build (app/models/export.py rows_example_inputs)
     last = [None]
 
     def forward(tokens, pos):
-        last[0] = module.forward((torch.tensor([list(tokens)], dtype=torch.long),
-                                  torch.tensor([pos], dtype=torch.long)))[0]
+        tokens = torch.tensor([list(tokens)], dtype=torch.long)
+        if rows:  # every token's own position, and the last token's logits only
+            n = tokens.shape[1]
+            inputs = (tokens, torch.arange(pos, pos + n, dtype=torch.long), torch.tensor([n - 1], dtype=torch.long))
+        else:
+            inputs = (tokens, torch.tensor([pos], dtype=torch.long))
+        last[0] = module.forward(inputs)[0]
 
     def choose() -> int:  # greedy, like ours (which token it is does not change the cost)
         return int(last[0][0, -1].argmax())
