@@ -124,16 +124,25 @@ class _SlotCollector:
         drafted = CounterMetricFamily("etserve_draft_tokens", "Tokens guessed by speculative decoding and checked")
         accepted = CounterMetricFamily("etserve_draft_accepted_tokens",
                                        "Guessed tokens the model agreed with (each saves a decode step)")
+        kv = GaugeMetricFamily("etserve_slot_kv_bytes", "Bytes of the slot's KV caches in memory", labels=["slot"])
+        budget = GaugeMetricFamily("etserve_kv_cache_budget_bytes",
+                                   "Bytes the slots' KV caches keep in all once their requests end (--kv-cache-mib)")
+        trimmed = CounterMetricFamily("etserve_kv_trimmed_positions",
+                                      "Cached positions idle slots gave back to stay within --kv-cache-mib")
         if e is not None:
             for s in e.slots:
                 busy.add_metric([str(s.index), s.task or "idle"], 1.0 if s.busy else 0.0)
                 used.add_metric([str(s.index)], float(len(s.tokens)))
+            for m in e.slot_memory():
+                kv.add_metric([str(m["id"])], float(m["resident_bytes"]))
+            budget.add_metric([], float(e.kv_budget() or 0))
+            trimmed.add_metric([], float(e.kv_trimmed))
             steps.add_metric([], float(e.steps.steps))
             handovers.add_metric([], float(e.steps.handovers))
             shared.add_metric([], float(e.steps.shared))
             drafted.add_metric([], float(e.drafted))
             accepted.add_metric([], float(e.draft_accepted))
-        yield from (busy, used, steps, handovers, shared, drafted, accepted)
+        yield from (busy, used, kv, budget, trimmed, steps, handovers, shared, drafted, accepted)
 
 
 class ObserveRequests:

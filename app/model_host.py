@@ -148,6 +148,8 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
     model_id = settings.model_id or _model_name(directory, manifest, settings)
     if not 1 <= settings.parallel <= 64:
         raise ValueError(f"--parallel must be 1 to 64 sequence slots, got {settings.parallel}")
+    if settings.kv_cache_mib < -1:
+        raise ValueError(f"--kv-cache-mib must be -1 (one context's worth) or 0 or more, got {settings.kv_cache_mib}")
     if settings.keep < -1:
         raise ValueError(f"--keep must be -1 (the system prompt's tokens) or 0 or more, got {settings.keep}")
     # a state saved on disk is only restored into the same .pte run by the same native library
@@ -157,7 +159,8 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
                     session_dir=settings.session_dir or None, session_dir_mib=settings.session_dir_mib,
                     model_identity=identity, context_shift=settings.context_shift, keep=settings.keep,
                     slots=settings.parallel, policy=StepPolicy(max_wait=settings.sched_max_wait),
-                    prefill_step_s=settings.prefill_step_ms / 1000, draft_max=settings.draft_max)
+                    prefill_step_s=settings.prefill_step_ms / 1000, draft_max=settings.draft_max,
+                    kv_cache_mib=settings.kv_cache_mib)
     engine.context_length = context_length  # --max-context: every length check and /v1/models use it
     if engine.sessions.disk is not None:
         engine.sessions.disk.write_delay = faults.session_write_delay()  # 0 unless a test asks

@@ -50,6 +50,11 @@ SETTINGS: tuple[Setting, ...] = (
             "call of the build holds (31 in the default builds); fewer, or none, as the guesses' "
             "success and the measured cost of wider steps make it pay. The output is the same as "
             "without it. 0: off (docs/scheduling.md)"),
+    Setting("kv_cache_mib", "ETSERVE_KV_CACHE_MIB", "--kv-cache-mib", "-1",
+            "memory (MiB) the sequence slots' KV caches keep in all once their requests end: past it the "
+            "idle slots' cached prompts are cut from their ends, least recently used first (a request in "
+            "flight always keeps its whole context); -1: one context's worth, as llama.cpp's shared "
+            "cache holds"),
     Setting("max_queue", "ETSERVE_MAX_QUEUE", "--max-queue", "16",
             "requests that may wait for a slot while all are busy; more get 429"),
     Setting("queue_timeout", "ETSERVE_QUEUE_TIMEOUT", "--queue-timeout", "300",
@@ -129,6 +134,7 @@ class Settings:
     prefill_step_ms: int
     sched_max_wait: float
     draft_max: int
+    kv_cache_mib: int
     max_queue: int
     queue_timeout: int
     api_key: str

@@ -28,6 +28,7 @@ from typing import Callable, Iterator, Protocol, Union
 from .batching import DecodeJob, choose_batch, grammar_drafts, rows_of, verify
 from .cancel import CancelToken
 from .drafts import DraftController, Drafter, StepCosts, SuffixStore
+from .kv_budget import plan as plan_trims
 from .native import NativeError, NativeModel, Status
 from .offload import run_blocking
 from .sampling import SamplingParams
@@ -168,6 +169,7 @@ class Engine:
         prefill_step_s: float = 0.5,
         draft_max: int = 32,
         draft_sampled: bool = True,
+        kv_cache_mib: float = -1,
     ):
         self.model = model
         self.context_length = model.info.max_seq_len
@@ -199,6 +201,12 @@ class Engine:
         # tool-calling prompt on the default model), so the distribution is unchanged
         self.draft_sampled = draft_sampled
         self.drafted = self.draft_accepted = 0  # totals, for /metrics
+        # what the slots' caches keep once their requests end (kv_budget.py); None: one context's worth
+        self.kv_cache_bytes = None if kv_cache_mib < 0 else int(kv_cache_mib * 2**20)
+        self._kv_bpp: int | None = None  # the caches' bytes a position; 0: not ours to see
+        self._stale: set[int] = set()  # finished slots whose memory past their tokens is to go back
+        self._memory_due = False
+        self.kv_trimmed = 0  # positions idle slots gave back to fit the budget (/metrics)
         # saved KV states of recent sessions, and which one each slot holds
         disk = None
         if session_dir:
@@ -260,13 +268,55 @@ class Engine:
         out = []
         for s in self.slots:
             reserved = resident = 0
-            if s.index > 0:
-                try:
-                    reserved, resident = self.model.slot_memory(s.index)
-                except (NativeError, AttributeError):
-                    pass
+            try:
+                reserved, resident = self.model.slot_memory(s.index)
+            except (NativeError, AttributeError):
+                pass
             out.append({"id": s.index, "reserved_bytes": reserved, "resident_bytes": resident})
         return out
+
+    def kv_budget(self) -> int | None:
+        """Bytes the slots' caches keep in all once their requests end (kv_budget.py): --kv-cache-mib,
+        by default one context's worth; None while no forward call has found the caches, or for a
+        model whose caches are not ours to see."""
+        if self._kv_bpp is None:
+            try:
+                self._kv_bpp = self.model.kv_info().bytes_per_position
+            except NativeError as e:
+                if e.code == Status.STATE:
+                    return None  # not yet
+                self._kv_bpp = 0
+        if not self._kv_bpp:
+            return None
+        return self.kv_cache_bytes if self.kv_cache_bytes is not None else self._kv_bpp * self.context_length
+
+    def _fit_memory(self) -> None:
+        """(Under the gate, no forward call running) Finished slots give back what lies past their
+        tokens, then idle slots are cut to keep the caches within the budget (kv_budget.py)."""
+        self._memory_due = False
+        stale, self._stale = self._stale, set()
+        budget = self.kv_budget()
+        if budget is None:
+            return
+        model = self.model
+        try:
+            for i in sorted(stale):
+                slot = self.slots[i] if i < len(self.slots) else None
+                if slot is not None and not slot.busy:
+                    model.trim_slot(i, len(slot.tokens))
+            resident = {s.index: model.slot_memory(s.index)[1] for s in self.slots}
+            for cut in plan_trims(self.slots, resident, budget, self._kv_bpp):
+                slot = self.slots[cut.slot]
+                model.trim_slot(cut.slot, cut.keep)
+                self.kv_trimmed += max(0, len(slot.tokens) - cut.keep)
+                slot.tokens = slot.tokens[:cut.keep]
+        except NativeError as e:  # memory is not given back; nothing served is affected
+            logging.getLogger("etserve").warning("KV memory is no longer given back: %s", e)
+            self._kv_bpp = 0
+
+    def _fit_memory_if_due(self) -> None:
+        if self._memory_due:
+            self._fit_memory()
 
     def slots_report(self) -> list[dict]:
         """GET /slots: each slot's state, and its memory (slot 0's is the program's own)."""
@@ -361,9 +411,14 @@ class Engine:
                 if not failed and self.sessions.disk is not None:  # its state, on disk for later and restarts
                     self._with_step(slot, claim, None, self.sessions.persist_live, slot)
             finally:
-                self._gate.done(claim)  # a step kept for it goes to the others now
                 self._forget_key(cancel, holder)
                 self.slot_table.release(slot)
+                # its slot's memory past what it holds goes back, and the idle slots' caches are
+                # fitted to the budget: now if no step runs, else by the next step (never waited for)
+                self._stale.add(slot.index)
+                self._memory_due = True
+                self._gate.run_if_free(claim, self._fit_memory_if_due)
+                self._gate.done(claim)  # a step kept for it goes to the others now
             for observe in self.observers:
                 observe(stats)
 
@@ -386,6 +441,7 @@ class Engine:
                 self.model.select_slot(slot.index)
             return fn(*args)
         finally:
+            self._fit_memory_if_due()
             self._gate.release(claim, time.perf_counter() - t)
 
     def _prepare(self, slot: Slot, request: GenerationRequest) -> int:
@@ -621,6 +677,7 @@ class Engine:
                 self._gate.credit([j.claim for j in others], share)
                 for j in others:
                     j.finished.set()
+            self._fit_memory_if_due()
             self._gate.release(claim, share)
         if job.error is not None:
             raise job.error

@@ -162,7 +162,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "ets_kv_select": (ctypes.c_int, [p_model, ctypes.c_int]),
         "ets_kv_copy": (ctypes.c_int, [p_model, ctypes.c_int, ctypes.c_int, ctypes.c_int64]),
         "ets_kv_slot_memory": (ctypes.c_int, [p_model, ctypes.c_int] + [ctypes.POINTER(ctypes.c_int64)] * 2),
-        "ets_kv_slot_release": (ctypes.c_int, [p_model, ctypes.c_int]),
+        "ets_kv_slot_trim": (ctypes.c_int, [p_model, ctypes.c_int, ctypes.c_int64]),
         "ets_sample": (
             ctypes.c_int,
             [p_model, ctypes.POINTER(_Sampling), ctypes.POINTER(ctypes.c_uint64),
@@ -401,15 +401,17 @@ class NativeModel:
         self._check(self._lib.ets_kv_copy(self._handle, src, dst, n_positions))
 
     def slot_memory(self, slot: int) -> tuple[int, int]:
-        """(bytes mapped for the slot, bytes of them in memory now); (0, 0) for slot 0."""
+        """(bytes of the slot's caches, bytes of them in memory now); slot 0's are the program's
+        own caches, in its planned memory."""
         reserved, resident = ctypes.c_int64(), ctypes.c_int64()
         self._check(self._lib.ets_kv_slot_memory(self._handle, slot, ctypes.byref(reserved),
                                                  ctypes.byref(resident)))
         return reserved.value, resident.value
 
-    def release_slot(self, slot: int) -> None:
-        """Give the slot's memory back; what it held is gone."""
-        self._check(self._lib.ets_kv_slot_release(self._handle, slot))
+    def trim_slot(self, slot: int, keep: int = 0) -> None:
+        """Give back the memory of the slot's positions from `keep` on (rounded up to a block of
+        64); what they held is gone. 0: the whole slot."""
+        self._check(self._lib.ets_kv_slot_trim(self._handle, slot, keep))
 
     def memory(self) -> MemoryInfo:
         """Where the model's memory is: its planned buffers and how much of them, and of what

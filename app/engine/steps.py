@@ -91,6 +91,25 @@ class StepGate:
         with self._mutex:
             return self._held is claim
 
+    def run_if_free(self, claim: Claim, fn: Callable[[], None]) -> bool:
+        """Run `fn` holding the gate if it is free and nobody waits for it (or it is reserved for
+        `claim`), without waiting and without counting a step; False if it was not free."""
+        with self._mutex:
+            now = self.clock()
+            reserved = self._reserved
+            mine = reserved is not None and reserved[0] is claim
+            if self._held is not None or not (mine or ((reserved is None or reserved[1] <= now) and not self._waiting)):
+                return False
+            self._reserved = None
+            self._held = claim
+        try:
+            fn()
+        finally:
+            with self._mutex:
+                self._held = None
+                self._grant_if_free(self.clock())
+        return True
+
     def _grant_if_free(self, now: float) -> None:
         """(mutex held) A free gate whose reservation, if any, has lapsed goes to the waiters' pick."""
         if self._held is not None or not self._waiting:

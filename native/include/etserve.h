@@ -195,13 +195,16 @@ ETS_API int ets_kv_select(ets_model* m, int slot);
  * `dst` (a shared prompt prefix handed to another slot). */
 ETS_API int ets_kv_copy(ets_model* m, int src, int dst, int64_t n_positions);
 
-/* A slot's buffers: bytes mapped for it and bytes of those in memory now
- * (both 0 for slot 0, whose caches are part of the planned memory). */
+/* A slot's caches: their bytes (slot 0: the program's caches, in its planned
+ * memory; another slot: its mapping) and, of those, the bytes in memory now. */
 ETS_API int ets_kv_slot_memory(const ets_model* m, int slot, int64_t* reserved, int64_t* resident);
 
-/* Gives a slot's memory back to the system; what it held is gone (zeros).
- * A no-op for slot 0. */
-ETS_API int ets_kv_slot_release(ets_model* m, int slot);
+/* Gives back the memory of a slot's positions >= keep_positions (rounded up to
+ * a 64-position block, and inward to whole pages) in every cache; what those
+ * positions held is gone (they read as zeros). 0 gives back the whole slot.
+ * Any slot, slot 0 included; the slot's last logits are dropped if it is the
+ * selected one. */
+ETS_API int ets_kv_slot_trim(ets_model* m, int slot, int64_t keep_positions);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 namespace etserve {
@@ -125,25 +126,79 @@ void* KvSlots::resolve(const void* p) const {
   return data_of(static_cast<const char*>(p), slot);
 }
 
-size_t KvSlots::reserved_bytes(int slot) const {
-  return slot >= 1 && slot < count() ? maps_[static_cast<size_t>(slot - 1)].length : 0;
+char* KvSlots::cache_data(const KvRecorder& kv, size_t i, int slot) const {
+  if (slot == 0) return kv.caches[i].data;
+  return maps_[static_cast<size_t>(slot - 1)].base + offsets_[i];
 }
 
-size_t KvSlots::resident_bytes(int slot) const {
-  if (slot < 1 || slot >= count()) return 0;
-  const Map& m = maps_[static_cast<size_t>(slot - 1)];
+size_t KvSlots::reserved_bytes(int slot, const KvRecorder& kv) const {
+  if (slot < 0 || slot >= count()) return 0;
+  if (slot >= 1) return maps_[static_cast<size_t>(slot - 1)].length;
+  size_t n = 0;
+  for (const KvCacheView& c : kv.caches) n += static_cast<size_t>(c.rows) * c.row_bytes();
+  return n;
+}
+
+namespace {
+
+// [begin, end) shrunk to whole pages.
+bool inner_pages(const char* begin, const char* end, char** b, size_t* len) {
+  const uintptr_t ps = page_size();
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(begin) + ps - 1) / ps * ps;
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(end) / ps * ps;
+  if (hi <= lo) return false;
+  *b = reinterpret_cast<char*>(lo);
+  *len = hi - lo;
+  return true;
+}
+
+size_t resident_in(char* b, size_t len) {
   const size_t ps = page_size();
-  std::vector<unsigned char> vec((m.length + ps - 1) / ps);
-  if (mincore(m.base, m.length, vec.data()) != 0) return 0;
+  std::vector<unsigned char> vec((len + ps - 1) / ps);
+  if (mincore(b, len, vec.data()) != 0) return 0;
   size_t n = 0;
   for (unsigned char v : vec) n += v & 1;
   return n * ps;
 }
 
-bool KvSlots::release(int slot) {
-  if (slot < 1 || slot >= count()) return false;
-  const Map& m = maps_[static_cast<size_t>(slot - 1)];
-  return madvise(m.base, m.length, MADV_DONTNEED) == 0;  // private anonymous: zeros from now on
+}  // namespace
+
+size_t KvSlots::resident_bytes(int slot, const KvRecorder& kv) const {
+  if (slot < 0 || slot >= count()) return 0;
+  if (slot >= 1) {
+    const Map& m = maps_[static_cast<size_t>(slot - 1)];
+    return resident_in(m.base, m.length);
+  }
+  size_t n = 0;
+  for (const KvCacheView& c : kv.caches) {
+    char* b;
+    size_t len;
+    if (inner_pages(c.data, c.data + static_cast<size_t>(c.rows) * c.row_bytes(), &b, &len)) n += resident_in(b, len);
+  }
+  return n;
+}
+
+bool KvSlots::trim(int slot, int64_t keep, const KvRecorder& kv) {
+  if (slot < 0 || slot >= count() || keep < 0) return false;
+  if (slot >= 1 && keep == 0) {  // the whole mapping
+    const Map& m = maps_[static_cast<size_t>(slot - 1)];
+    return madvise(m.base, m.length, MADV_DONTNEED) == 0;
+  }
+  if (slot >= 1 && offsets_.size() != kv.caches.size()) return false;
+  const int64_t kept = (keep + kLayoutBlock - 1) / kLayoutBlock * kLayoutBlock;
+  bool ok = true;
+  for (size_t i = 0; i < kv.caches.size(); ++i) {
+    const KvCacheView& c = kv.caches[i];
+    if (kept >= c.rows) continue;
+    char* data = cache_data(kv, i, slot);
+    char* b;
+    size_t len;
+    if (inner_pages(data + static_cast<size_t>(kept) * c.row_bytes(), data + static_cast<size_t>(c.rows) * c.row_bytes(),
+                    &b, &len)) {
+      ok = madvise(b, len, MADV_DONTNEED) == 0 && ok;  // private anonymous: zeros from now on
+    }
+  }
+  return ok;
 }
 
 void* kv_resolve(const void* p) { return t_slots != nullptr ? t_slots->resolve(p) : const_cast<void*>(p); }
@@ -239,17 +294,20 @@ int ets_kv_copy(ets_model* m, int src, int dst, int64_t n_positions) {
 
 int ets_kv_slot_memory(const ets_model* m, int slot, int64_t* reserved, int64_t* resident) {
   if (m == nullptr || slot < 0 || slot >= m->slots.count()) return ETS_ERR_INVALID_ARGUMENT;
-  if (reserved != nullptr) *reserved = static_cast<int64_t>(m->slots.reserved_bytes(slot));
-  if (resident != nullptr) *resident = static_cast<int64_t>(m->slots.resident_bytes(slot));
+  if (reserved != nullptr) *reserved = static_cast<int64_t>(m->slots.reserved_bytes(slot, m->kv));
+  if (resident != nullptr) *resident = static_cast<int64_t>(m->slots.resident_bytes(slot, m->kv));
   return ETS_OK;
 }
 
-int ets_kv_slot_release(ets_model* m, int slot) {
+int ets_kv_slot_trim(ets_model* m, int slot, int64_t keep_positions) {
   if (m == nullptr) return ETS_ERR_INVALID_ARGUMENT;
+  if (keep_positions < 0) return m->fail(ETS_ERR_INVALID_ARGUMENT, "keep_positions is negative");
   int rc = slot_in_range(m, slot);
   if (rc != ETS_OK) return rc;
-  if (slot == 0) return ETS_OK;  // the program's own caches stay
-  if (!m->slots.release(slot)) return m->fail(ETS_ERR_RUNTIME, "giving a slot's memory back failed");
+  if (!m->kv.discovered) return ETS_OK;  // no forward call yet: nothing was written
+  if (!m->slots.trim(slot, keep_positions, m->kv)) {
+    return m->fail(ETS_ERR_RUNTIME, std::string("giving a slot's memory back failed: ") + std::strerror(errno));
+  }
   if (slot == m->slots.active()) m->has_logits = false;
   return ETS_OK;
 }

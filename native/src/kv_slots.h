@@ -42,9 +42,14 @@ class KvSlots {
   // ... in the active slot; anything that is not a cache is returned as it is.
   void* resolve(const void* p) const;
 
-  size_t reserved_bytes(int slot) const;  // the slot's buffers (0 for slot 0: the program's)
-  size_t resident_bytes(int slot) const;  // of those, in memory now
-  bool release(int slot);                 // gives a slot's memory back (its contents become zeros)
+  // A slot's caches (`kv`, the discovered ones; slot 0: the program's own, in its planned
+  // memory): their bytes, and of those the bytes in memory now.
+  size_t reserved_bytes(int slot, const KvRecorder& kv) const;
+  size_t resident_bytes(int slot, const KvRecorder& kv) const;
+  // Gives back the memory of positions >= keep (rounded up to a 64-position block, the tiled
+  // layouts' unit, and inward to whole pages) of every cache of the slot; their contents
+  // become zeros (private anonymous memory), which read alike in every layout.
+  bool trim(int slot, int64_t keep, const KvRecorder& kv);
 
  private:
   struct Map {
@@ -59,6 +64,7 @@ class KvSlots {
   int active_ = 0;
 
   long index_of(const void* p) const;
+  char* cache_data(const KvRecorder& kv, size_t i, int slot) const;  // cache i's bytes in the slot
   void forget_layouts(const Map& map);
 };
 

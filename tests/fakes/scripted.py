@@ -278,11 +278,13 @@ class ScriptedRuntime:
         self._seqs[dst].has_logits = False
 
     def slot_memory(self, slot: int) -> tuple[int, int]:
-        return (0, 0) if slot == 0 else (4 * self.info.max_seq_len, 4 * len(self._seqs[slot].kv))
+        return 4 * self.info.max_seq_len, 4 * len(self._seqs[slot].kv)  # 4 bytes a position
 
-    def release_slot(self, slot: int) -> None:
-        if slot:
-            self._seqs[slot] = _Sequence()
+    def trim_slot(self, slot: int, keep: int = 0) -> None:
+        seq = self._seqs[slot]
+        seq.kv = seq.kv[:-(-keep // 64) * 64]  # whole blocks of 64, as the runtime
+        if slot == self._slot:
+            seq.has_logits = False
 
     def close(self) -> None:
         pass
