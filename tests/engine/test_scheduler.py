@@ -193,6 +193,30 @@ def test_a_dropped_waiter_leaves_at_once():
     assert gate.holder is None
 
 
+def test_run_if_free_runs_only_on_a_free_gate_and_never_waits():
+    """A finished request's memory work (Engine._fit_memory) runs at once if no step runs, else
+    not at all (the next step does it): never a wait, never a step counted."""
+    gate = StepGate(StepPolicy(), Clock())
+    a, b, c = claim(1), claim(2), claim(3)
+    ran = []
+    assert gate.run_if_free(a, lambda: ran.append(gate.holder))
+    assert ran == [a] and gate.holder is None and gate.steps == 0
+    assert gate.acquire(b)
+    assert not gate.run_if_free(a, lambda: ran.append("held"))  # b's step runs: not now
+    got = []
+    t = _waiting_acquire(gate, c, got)
+    gate.release(b, 0.1)  # kept for b (the policy's pick): free, but not for a
+    assert gate.holder is None and gate.kept == 1
+    assert not gate.run_if_free(a, lambda: ran.append("kept for b"))
+    gate.done(b)  # b has no more steps: c's turn
+    t.join(5)
+    assert got == [(3, True)] and gate.holder is c
+    assert not gate.run_if_free(a, lambda: ran.append("c holds it"))
+    gate.release(c, 0.1)
+    assert gate.run_if_free(c, lambda: ran.append("free"))
+    assert ran == [a, "free"] and gate.holder is None
+
+
 def test_prefill_steps_shrink_to_fit_the_step_time():
     from types import SimpleNamespace
 
