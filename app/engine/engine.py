@@ -204,7 +204,6 @@ class Engine:
         # what the slots' caches keep once their requests end (kv_budget.py); None: one context's worth
         self.kv_cache_bytes = None if kv_cache_mib < 0 else int(kv_cache_mib * 2**20)
         self._kv_bpp: int | None = None  # the caches' bytes a position; 0: not ours to see
-        self._stale: set[int] = set()  # finished slots whose memory past their tokens is to go back
         self._memory_due = False
         self.kv_trimmed = 0  # positions idle slots gave back to fit the budget (/metrics)
         # saved KV states of recent sessions, and which one each slot holds
@@ -291,19 +290,17 @@ class Engine:
         return self.kv_cache_bytes if self.kv_cache_bytes is not None else self._kv_bpp * self.context_length
 
     def _fit_memory(self) -> None:
-        """(Under the gate, no forward call running) Finished slots give back what lies past their
-        tokens, then idle slots are cut to keep the caches within the budget (kv_budget.py)."""
+        """(Under the gate, no forward call running) Idle slots give back what lies past their
+        tokens, then are cut to keep the caches within the budget (kv_budget.py)."""
         self._memory_due = False
-        stale, self._stale = self._stale, set()
         budget = self.kv_budget()
         if budget is None:
             return
         model = self.model
         try:
-            for i in sorted(stale):
-                slot = self.slots[i] if i < len(self.slots) else None
-                if slot is not None and not slot.busy:
-                    model.trim_slot(i, len(slot.tokens))
+            for slot in self.slots:
+                if not slot.busy:
+                    model.trim_slot(slot.index, len(slot.tokens))
             resident = {s.index: model.slot_memory(s.index)[1] for s in self.slots}
             for cut in plan_trims(self.slots, resident, budget, self._kv_bpp):
                 slot = self.slots[cut.slot]
@@ -415,7 +412,6 @@ class Engine:
                 self.slot_table.release(slot)
                 # its slot's memory past what it holds goes back, and the idle slots' caches are
                 # fitted to the budget: now if no step runs, else by the next step (never waited for)
-                self._stale.add(slot.index)
                 self._memory_due = True
                 self._gate.run_if_free(claim, self._fit_memory_if_due)
                 self._gate.done(claim)  # a step kept for it goes to the others now

@@ -21,15 +21,9 @@ step gate, where no forward call runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Iterable
 
-
-class SlotLike(Protocol):
-    index: int
-    tokens: list[int]
-    owner: str | None
-    busy: bool
-    last_used: float
+from .slots import Slot
 
 
 @dataclass(frozen=True)
@@ -38,7 +32,7 @@ class Trim:
     keep: int  # positions it keeps (its tokens[:keep])
 
 
-def plan(slots: Iterable[SlotLike], resident: dict[int, int], budget: int, bytes_per_position: int) -> list[Trim]:
+def plan(slots: Iterable[Slot], resident: dict[int, int], budget: int, bytes_per_position: int) -> list[Trim]:
     """The cuts that bring the slots' resident cache bytes (`resident`, by slot index) within
     `budget`: idle slots only, anonymous before owned, least recently used first, each cut as
     little as needed (from its end, so its prompt's start stays cached). Empty when within."""
