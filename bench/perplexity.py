@@ -29,6 +29,10 @@ is checked against the build's manifest, etserve.json `source`), never a requant
   perplexity qwen2 vs Q4_0    the default build against llama.cpp's own 4-bit requantization of
                               the same GGUF (bench/peer.py: Q4_0): like for like at 4 bits
                               (target <= 1.0; the row this bench had before the table)
+  perplexity qwen2 Q4_0 file  llama.cpp's Q4_0 GGUF of it (bench/peer.py), built by etserve with the
+                              served build's options (BUILD_Q4_0): its Q4_0 weights are carried
+                              over as they are (app/models/carry.py), so both sides run the same
+                              4-bit weights; what is left is each side's activations and cache
   perplexity gemma3           Gemma 3 270M Q4_K_M; etserve's fp32 build (context 1024: the
                               512-token windows fit)
   perplexity qwen2 7B         DeepSeek-R1-Distill-Qwen-7B Q4_K_M (~/.cache/etserve/gguf/
@@ -62,10 +66,13 @@ TARGET = ("<=", 1.03)
 BIG_GGUF = "deepseek-r1-distill-qwen-7b.gguf"  # in <cache>/gguf/ (bench/big_source.py fetches it)
 BUILD_QWEN_FP32 = ("python -m app.models build qwen2.5-coder-0.5b --quantize none --embedding-quantize none "
                    "--kv-cache fp32 --max-seq-len 512")
-LLAMA, QWEN2, QWEN2_FP32, QWEN2_Q4_0, GEMMA3, QWEN2_7B = (
+# the served build's options (app/models/registry.py, the default model) for a build of the Q4_0 file
+BUILD_Q4_0 = ("python -m app.models build-gguf {} --quantize 8da4w --embedding-quantize 4bit --output-quantize 8bit "
+              "--kv-cache int8")
+LLAMA, QWEN2, QWEN2_FP32, QWEN2_Q4_0, QWEN2_Q4_0_FILE, GEMMA3, QWEN2_7B = (
     "perplexity llama", "perplexity qwen2", "perplexity qwen2 fp32", "perplexity qwen2 vs Q4_0",
-    "perplexity gemma3", "perplexity qwen2 7B")
-NAMES = (LLAMA, QWEN2, QWEN2_FP32, QWEN2_Q4_0, GEMMA3, QWEN2_7B)
+    "perplexity qwen2 Q4_0 file", "perplexity gemma3", "perplexity qwen2 7B")
+NAMES = (LLAMA, QWEN2, QWEN2_FP32, QWEN2_Q4_0, QWEN2_Q4_0_FILE, GEMMA3, QWEN2_7B)
 
 
 @dataclass
@@ -89,6 +96,9 @@ def cases(args) -> list[Case]:
              missing="make test-model-small"),
         Case(lambda: source_gguf(DEFAULT_MODEL), lambda builds: pick(builds, args.model_dir, quantized=True), QWEN2,
              fp32_name=QWEN2_FP32, q4_0_name=QWEN2_Q4_0, missing="make model"),
+        Case(lambda: existing(peer.gguf_path(), "python -m bench.peer gguf"),
+             lambda builds: pick(builds, None, quantized=True), QWEN2_Q4_0_FILE,
+             missing=BUILD_Q4_0.format(peer.gguf_path()) + "; make bench-peer does it"),
         Case(lambda: source_gguf("gemma3-270m"), lambda builds: pick(builds, default_model_dir("gemma3-270m")),
              GEMMA3, missing="python -m app.models build gemma3-270m"),
         Case(lambda: existing(cache_root() / "gguf" / BIG_GGUF), lambda builds: pick(builds, None), QWEN2_7B,
@@ -96,11 +106,11 @@ def cases(args) -> list[Case]:
     ]
 
 
-def existing(path: Path) -> Path:
+def existing(path: Path, how: str = "") -> Path:
     if not path.is_file():
         synth = path.with_name(path.stem + "-synth.gguf")
         also = f"; {synth.name}'s synthesized weights have no perplexity to compare" if synth.is_file() else ""
-        raise FileNotFoundError(f"{path.name} not fetched{also}")
+        raise FileNotFoundError(f"{path.name} not {'made: ' + how if how else 'fetched'}{also}")
     return path
 
 
@@ -128,7 +138,10 @@ def is_rows(directory: Path) -> bool:
 def requantized(directory: Path) -> str:
     """What a build changes of its GGUF's weights and cache, as a parenthesis ("" for fp32)."""
     m = model_json(directory, "etserve.json")
-    parts = [f"linears {m['quantize']}" if m.get("quantize", "none") != "none" else "",
+    carried = m.get("q4_0_carried") or {}
+    kept = (f" ({carried['carried'] - carried.get('requantized_for_xnnpack', 0)} of the file's "
+            f"{carried['q4_0_weights']} Q4_0 weights carried over as they are)") if carried.get("carried") else ""
+    parts = [f"linears {m['quantize']}{kept}" if m.get("quantize", "none") != "none" else "",
              f"embedding {m['embedding_quantize']}" if m.get("embedding_quantize", "none") != "none" else "",
              f"output {m['output_quantize']}" if m.get("output_quantize", "same") != "same" else "",
              f"KV {m['kv_cache']}" if m.get("kv_cache", "fp32") != "fp32" else ""]

@@ -47,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--embedding-quantize", choices=EMBEDDING_QUANTIZE_CHOICES, default=None)
     g.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=None,
                    help="KV cache storage (default fp32; int8 quarters a long context's cache)")
+    g.add_argument("--output-quantize", choices=OUTPUT_QUANTIZE_CHOICES, default=None,
+                   help="output projection: 8bit (the default with 8da4w) or the same 4 bits as the linears")
     g.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
     g.add_argument("--verbose", action="store_true", help="show the exporter's output")
     _add_model_args(sub.add_parser("path", help="print the directory build would produce"))
@@ -95,7 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
         try:
             print(build_file(Path(args.file), args.max_seq_len, args.quantize, args.embedding_quantize,
-                             force=args.force, verbose=args.verbose, kv_cache=args.kv_cache))
+                             force=args.force, verbose=args.verbose, kv_cache=args.kv_cache,
+                             output_quantize=args.output_quantize))
         except (UnsupportedGGUF, FileNotFoundError) as e:
             print(f"build-gguf: {e}", file=sys.stderr)
             return 2

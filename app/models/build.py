@@ -47,6 +47,7 @@ def build(
     """Build ``name`` with ``options`` (no-op if an identical complete build exists); returns its directory."""
     from . import pipeline
     from .progress import Stages
+    from .carry import CarriedBlocks
     from .quant_cache import HqqCache, cache_file
 
     spec = get_spec(name)
@@ -95,7 +96,8 @@ def build(
             smoothing: dict = {}  # int8 caches: the key smoothing's factors and summary (kv_smoothing.FILE)
             fold = ((lambda sd, p: smoothing.update(kv_smoothing.smooth_keys(sd, p, tmp / "tokenizer.json")))
                     if options.kv_cache == "int8" else None)
-            ckpt, params_path, params = write_checkpoint(reader, md, spec, work, fold=fold)
+            carried = CarriedBlocks() if options.quantize != "none" or options.embedding_quantize != "none" else None
+            ckpt, params_path, params = write_checkpoint(reader, md, spec, work, fold=fold, carried=carried)
             del reader, md
             shutil.copyfile(params_path, tmp / "params.json")
             if smoothing:
@@ -118,6 +120,7 @@ def build(
         # (tests/models/test_pipeline.py), now that the mask-free attention holds no mask tensor
         with (fam.transforming() if fam is not None else contextlib.nullcontext()):
             pipeline.export_program(cfg, pte, stages, custom_ops=options.custom_ops, hqq_cache=hqq_cache,
+                                    carried=carried,
                                     verbose=verbose, output_8bit=options.output_quantize == "8bit",
                                     native_linears=options.linear_kernel == "etserve",
                                     logit_rows=options.logit_rows)
@@ -151,6 +154,10 @@ def build(
                 "peak_anon_mb": stages.peak_anon_mb(),
                 "hqq": {"computed": hqq_cache.misses, "replayed": hqq_cache.hits,
                         "seconds": round(hqq_cache.seconds, 1)},
+                # the file's Q4_0 weights kept as they are (carry.py): how many of how many
+                "q4_0_carried": ({"carried": carried.carried, "q4_0_weights": len(carried),
+                                  "requantized_for_xnnpack": carried.requantized}
+                                 if carried is not None and len(carried) else None),
                 "stages": [{"stage": r.label, "seconds": r.seconds, "cpu_seconds": r.cpu_seconds,
                             "peak_rss_mb": r.peak_rss_mb, "peak_anon_mb": r.peak_anon_mb}
                            for r in stages.records],

@@ -295,9 +295,10 @@ class StreamedCheckpoint:
             zf.close()
 
 
-def stream(reader, spec: ModelSpec, path: Path) -> StreamedCheckpoint:
+def stream(reader, spec: ModelSpec, path: Path, carried=None) -> StreamedCheckpoint:
     """Write every GGUF tensor, dequantized to fp32, into the ``torch.save`` checkpoint ``path``,
-    a few MB of rows at a time."""
+    a few MB of rows at a time; ``carried`` (carry.CarriedBlocks): records the Q4_0 tensors by the
+    digest of the bytes written."""
     import math
     import zipfile
 
@@ -316,10 +317,15 @@ def stream(reader, spec: ModelSpec, path: Path) -> StreamedCheckpoint:
         for (name, t, shape, span), (_n, key, _s) in zip(layout, keys):
             info = _aligned_info(zf, f"{archive}/data/{key}")
             rows = max(1, _CHUNK_BYTES // (4 * shape[-1]))
+            digest = carried.hasher(t) if carried is not None else None
             with zf.open(info, "w", force_zip64=True) as out:
                 offsets[name] = zf.fp.tell()
                 for arr in _dequantized_rows(t, rows, span):
                     out.write(arr.tobytes())
+                    if digest is not None:
+                        digest.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+            if digest is not None:
+                carried.add(name, digest.hexdigest(), t, shape, span)
             if offsets[name] % _ALIGN or zf.fp.tell() - offsets[name] != 4 * math.prod(shape):
                 raise RuntimeError(f"{name}: record at {offsets[name]} of {zf.fp.tell() - offsets[name]} bytes, "
                                    f"expected {4 * math.prod(shape)} at a multiple of {_ALIGN}")
@@ -365,7 +371,8 @@ def shared_map(checkpoint: Path) -> Iterator[None]:
 
 
 def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path, *,
-                     fold: Optional[Callable[[dict, dict], None]] = None) -> tuple[Path, Path, dict]:
+                     fold: Optional[Callable[[dict, dict], None]] = None,
+                     carried=None) -> tuple[Path, Path, dict]:
     """Write ``checkpoint.pth`` and ``params.json`` into ``work_dir``; returns their paths and params.
 
     The checkpoint is streamed tensor by tensor (``stream``): peak memory is one chunk
@@ -374,6 +381,8 @@ def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path
     change the fp32 weights before the file is closed: a fold replaces a tensor by name, and
     reads the others from the file's map.
 
+    ``carried`` (carry.CarriedBlocks) learns which weights are Q4_0 blocks (``stream``).
+
     ``work_dir`` must not contain "int8" or "8da4w": the exporter switches to pre-quantized loading
     when the checkpoint path contains those substrings.
     """
@@ -381,7 +390,7 @@ def write_checkpoint(reader, md: dict[str, Any], spec: ModelSpec, work_dir: Path
         raise ValueError(f"checkpoint dir {work_dir} must not contain 'int8' or '8da4w'")
     ckpt = work_dir / "checkpoint.pth"
     params_path = work_dir / "params.json"
-    streamed = stream(reader, spec, ckpt)
+    streamed = stream(reader, spec, ckpt, carried)
     sd = streamed.state_dict
     try:
         params = make_params(md, spec, has_qkv_bias="layers.0.attention.wq.bias" in sd, rope=rope_tensors(reader))

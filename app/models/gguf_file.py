@@ -62,6 +62,8 @@ def file_spec(path: Path, reader=None) -> ModelSpec:
         gguf_files=(str(path),),
         default_quantize="8da4w" if quantized else "none",
         default_embedding_quantize="4bit" if quantized else "none",
+        # llama.cpp keeps the output projection wider than the rest (Q6_K in its Q4 types)
+        default_output_quantize="8bit" if quantized else "same",
         default_max_seq_len=max_seq_len,
         default_kv_cache="fp32",
         group_size=32,
@@ -80,7 +82,7 @@ def file_model_dir(gguf_sha256: str, options: BuildOptions) -> Path:
 
 def build_file(path: Path, max_seq_len: Optional[int] = None, quantize: Optional[str] = None,
                embedding_quantize: Optional[str] = None, force: bool = False, verbose: bool = False,
-               kv_cache: Optional[str] = None) -> Path:
+               kv_cache: Optional[str] = None, output_quantize: Optional[str] = None) -> Path:
     """Build the GGUF at ``path`` (a no-op when that file's build exists); returns its directory."""
     import sys
 
@@ -93,5 +95,6 @@ def build_file(path: Path, max_seq_len: Optional[int] = None, quantize: Optional
     print(f"{Path(path).name}: {spec.architecture}, served as {spec.name}; checksumming", file=sys.stderr)
     digest = sha256_file(Path(spec.gguf_files[0]))
     options = resolve_options(spec.name, max_seq_len=max_seq_len, quantize=quantize,
-                              embedding_quantize=embedding_quantize, kv_cache=kv_cache)
+                              embedding_quantize=embedding_quantize, kv_cache=kv_cache,
+                              output_quantize=output_quantize)
     return build(spec.name, options, out=file_model_dir(digest, options), force=force, verbose=verbose)

@@ -37,6 +37,7 @@ from .export import output_quantization, row_positions, rows_example_inputs
 from .linear_q4 import swapping_linears
 from .lowering import faster_lowering, shared_provenance
 from .progress import Stages
+from .carry import CarriedBlocks
 from .quant_cache import HqqCache
 
 STAGES = 4  # the build stages export_program adds
@@ -93,13 +94,15 @@ def _cwd(path: Path) -> Iterator[None]:
 
 
 def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_cache: Optional[HqqCache] = None,
-                   verbose: bool = False, reexport: bool = False, output_8bit: bool = False,
+                   carried: Optional[CarriedBlocks] = None, verbose: bool = False, reexport: bool = False,
+                   output_8bit: bool = False,
                    native_linears: bool = False, logit_rows: int = 0) -> Path:
     """Export ``cfg`` to ``output`` (a ``.pte``) in ``STAGES`` stages of ``stages``; ``output_8bit``:
     the output projection gets 8-bit weights (export.output_quantization); ``native_linears``: the
     4-bit linears call ``etserve::linear_q4`` instead of going to XNNPACK (linear_q4.py);
     ``logit_rows``: a rows build (export.rows_example_inputs), returning logits for up to that
-    many rows of a call, each token at its own position."""
+    many rows of a call, each token at its own position. ``carried``: the GGUF's Q4_0 weights
+    keep their own blocks instead of HQQ's (carry.py)."""
     import torch
 
     if custom_ops:
@@ -114,14 +117,17 @@ def export_program(cfg, output: Path, stages: Stages, *, custom_ops: bool, hqq_c
     if quantizers:
         raise ValueError("app.models.pipeline does not export with pt2e quantizers")
     hqq_cache = hqq_cache or HqqCache(None)
+    carried = carried if carried is not None else CarriedBlocks()
     enable_bf16 = cfg.backend.xnnpack.enable_bf16
 
     with _cwd(output.parent), torch.no_grad(), _quiet(verbose):
         with stages.stage("loading the checkpoint, quantizing (HQQ), source transforms"), hqq_cache.active(), \
-                swapping_linears(native_linears), output_quantization(output_8bit), \
-                shared_map(Path(cfg.base.checkpoint)):
+                carried.active(), swapping_linears(native_linears), output_quantization(output_8bit), \
+                carried.for_xnnpack(), shared_map(Path(cfg.base.checkpoint)):
             manager = lib._prepare_for_llama_export(cfg)
         print(hqq_cache.summary(), file=sys.stderr)
+        if len(carried):
+            print(carried.summary(), file=sys.stderr)
         if hqq_cache.save():
             print(f"saved the quantization cache {hqq_cache.path}", file=sys.stderr)
 

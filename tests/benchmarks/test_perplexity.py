@@ -162,3 +162,24 @@ def test_builds_of_looks_in_the_registrys_builds_and_build_ggufs(tmp_path, monke
     named = _build(tmp_path / "models", "m/ctx512-fp32-sdpa-r32", gguf)
     by_file = _build(tmp_path / "models", "gguf/0123456789abcdef/ctx2048-fp32-sdpa", gguf)
     assert sorted(builds_of(gguf)) == sorted([named, by_file])
+
+
+def test_the_q4_0_files_row_says_how_to_make_what_is_missing(tmp_path, monkeypatch):
+    """Without llama.cpp's Q4_0 file the row says to make it; with the file and no build of it, the
+    build command with the served options, in the row's own place in the table."""
+    from types import SimpleNamespace
+
+    from bench import perplexity
+
+    monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
+    q4_0 = tmp_path / "peer" / "q4_0.gguf"
+    monkeypatch.setattr(perplexity.peer, "gguf_path", lambda: q4_0)
+    case = next(c for c in perplexity.cases(SimpleNamespace(model_dir=None)) if c.name == perplexity.QWEN2_Q4_0_FILE)
+    rows = perplexity.perplexity_rows(SimpleNamespace(threads=1), {}, [case])
+    assert [r.name for r in rows] == [perplexity.QWEN2_Q4_0_FILE]
+    assert "not made: python -m bench.peer gguf" in rows[0].measured
+    q4_0.parent.mkdir()
+    q4_0.write_bytes(b"GGUF" + bytes(10))
+    rows = perplexity.perplexity_rows(SimpleNamespace(threads=1), {}, [case])
+    assert f"build-gguf {q4_0} --quantize 8da4w" in rows[0].measured and "--kv-cache int8" in rows[0].measured
+    assert perplexity.NAMES.index(perplexity.QWEN2_Q4_0_FILE) == perplexity.NAMES.index(perplexity.QWEN2_Q4_0) + 1

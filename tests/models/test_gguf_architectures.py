@@ -34,10 +34,12 @@ LLAMA32_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "
 TOKENS = [(37 * i + 11) % 2000 + 5 for i in range(100)]  # positions up to 99: the scaled frequencies show
 
 
-def build(gguf: Path, cache: Path) -> Path:
-    """``python -m app.models build-gguf FILE --quantize none`` into ``cache``; the model directory."""
-    proc = subprocess.run([sys.executable, "-m", "app.models", "build-gguf", str(gguf), "--quantize", "none",
-                           "--max-seq-len", "128"], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+def build(gguf: Path, cache: Path, *options: str) -> Path:
+    """``python -m app.models build-gguf FILE --quantize none`` (or ``options``) into ``cache``; the
+    model directory."""
+    proc = subprocess.run([sys.executable, "-m", "app.models", "build-gguf", str(gguf),
+                           *(options or ("--quantize", "none")), "--max-seq-len", "128"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "ETSERVE_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return Path(proc.stdout.strip().splitlines()[-1])

@@ -106,16 +106,19 @@ def write_tiny(path: Path, arch: str, *, tokenizer: str = "qwen", layers: int = 
                theta: float = 1e6, context: int = 512, qkv_bias: bool = False, qk_norm: bool = False,
                rope_freqs: Optional[np.ndarray] = None, tied: bool = True, name: str = "Tiny",
                rope_dims: Optional[int] = None, rope_factors: Optional[tuple] = None,
-               original_context: Optional[int] = None, pre: Optional[str] = None, seed: int = 0) -> Path:
+               original_context: Optional[int] = None, pre: Optional[str] = None, seed: int = 0,
+               weight_type: str = "F32") -> Path:
     """A random ``arch`` GGUF at ``path``; ``head_dim`` given: written as ``attention.key_length``.
 
     phi3 as llama.cpp's converter writes it: q, k and v in one ``attn_qkv``, gate and up in one
     ``ffn_up`` (gate first), ``rope.dimension_count`` (``rope_dims``: partial rotary), LongRoPE's
     ``rope_factors`` (short, long) as ``rope_factors_short`` / ``_long`` tensors with
-    ``rope.scaling.original_context_length``."""
+    ``rope.scaling.original_context_length``. ``weight_type`` "Q4_0": the matrices (embedding,
+    projections) quantized to Q4_0 by the ``gguf`` package, as llama.cpp's Q4_0 files hold them."""
     import gguf
 
     rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType[weight_type]
 
     def rnd(*shape, scale=0.1):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -125,6 +128,13 @@ def write_tiny(path: Path, arch: str, *, tokenizer: str = "qwen", layers: int = 
 
     hd = head_dim or dim // heads
     w = gguf.GGUFWriter(str(path), arch)
+    add_vector = w.add_tensor
+
+    def add_matrix(name, array):
+        if qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, array)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     w.add_name(name)
     w.add_block_count(layers)
     w.add_context_length(context)
@@ -144,42 +154,42 @@ def write_tiny(path: Path, arch: str, *, tokenizer: str = "qwen", layers: int = 
     if original_context is not None:
         w.add_rope_scaling_orig_ctx_len(original_context)
     vocab = add_tokenizer(w, tokenizer, pre)
-    w.add_tensor("token_embd.weight", rnd(vocab, dim, scale=1.0))
+    add_matrix("token_embd.weight", rnd(vocab, dim, scale=1.0))
     if not tied:
-        w.add_tensor("output.weight", rnd(vocab, dim))
-    w.add_tensor("output_norm.weight", norm(dim))
+        add_matrix("output.weight", rnd(vocab, dim))
+    add_vector("output_norm.weight", norm(dim))
     if rope_freqs is not None:
-        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
+        add_vector("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     if rope_factors is not None:
-        w.add_tensor("rope_factors_short.weight", np.asarray(rope_factors[0], dtype=np.float32))
-        w.add_tensor("rope_factors_long.weight", np.asarray(rope_factors[1], dtype=np.float32))
+        add_vector("rope_factors_short.weight", np.asarray(rope_factors[0], dtype=np.float32))
+        add_vector("rope_factors_long.weight", np.asarray(rope_factors[1], dtype=np.float32))
     fused = arch == "phi3"
     for i in range(layers):
         b = f"blk.{i}."
-        w.add_tensor(b + "attn_norm.weight", norm(dim))
+        add_vector(b + "attn_norm.weight", norm(dim))
         q, k, v = rnd(heads * hd, dim), rnd(kv_heads * hd, dim), rnd(kv_heads * hd, dim)
         if fused:
-            w.add_tensor(b + "attn_qkv.weight", np.concatenate([q, k, v]))
+            add_matrix(b + "attn_qkv.weight", np.concatenate([q, k, v]))
         else:
-            w.add_tensor(b + "attn_q.weight", q)
-            w.add_tensor(b + "attn_k.weight", k)
-            w.add_tensor(b + "attn_v.weight", v)
+            add_matrix(b + "attn_q.weight", q)
+            add_matrix(b + "attn_k.weight", k)
+            add_matrix(b + "attn_v.weight", v)
         if qkv_bias:
-            w.add_tensor(b + "attn_q.bias", rnd(heads * hd))
-            w.add_tensor(b + "attn_k.bias", rnd(kv_heads * hd))
-            w.add_tensor(b + "attn_v.bias", rnd(kv_heads * hd))
+            add_vector(b + "attn_q.bias", rnd(heads * hd))
+            add_vector(b + "attn_k.bias", rnd(kv_heads * hd))
+            add_vector(b + "attn_v.bias", rnd(kv_heads * hd))
         if qk_norm:
-            w.add_tensor(b + "attn_q_norm.weight", norm(hd))
-            w.add_tensor(b + "attn_k_norm.weight", norm(hd))
-        w.add_tensor(b + "attn_output.weight", rnd(dim, heads * hd))
-        w.add_tensor(b + "ffn_norm.weight", norm(dim))
+            add_vector(b + "attn_q_norm.weight", norm(hd))
+            add_vector(b + "attn_k_norm.weight", norm(hd))
+        add_matrix(b + "attn_output.weight", rnd(dim, heads * hd))
+        add_vector(b + "ffn_norm.weight", norm(dim))
         gate, up = rnd(hidden, dim), rnd(hidden, dim)
         if fused:
-            w.add_tensor(b + "ffn_up.weight", np.concatenate([gate, up]))
+            add_matrix(b + "ffn_up.weight", np.concatenate([gate, up]))
         else:
-            w.add_tensor(b + "ffn_gate.weight", gate)
-            w.add_tensor(b + "ffn_up.weight", up)
-        w.add_tensor(b + "ffn_down.weight", rnd(dim, hidden))
+            add_matrix(b + "ffn_gate.weight", gate)
+            add_matrix(b + "ffn_up.weight", up)
+        add_matrix(b + "ffn_down.weight", rnd(dim, hidden))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
