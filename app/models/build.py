@@ -156,7 +156,8 @@ def build(
                         "seconds": round(hqq_cache.seconds, 1)},
                 # the file's Q4_0 weights kept as they are (carry.py): how many of how many
                 "q4_0_carried": ({"carried": carried.carried, "q4_0_weights": len(carried),
-                                  "requantized_for_xnnpack": carried.requantized}
+                                  "requantized_for_xnnpack": carried.requantized,
+                                  "scaled_by_a_fold": carried.refolded}
                                  if carried is not None and len(carried) else None),
                 "stages": [{"stage": r.label, "seconds": r.seconds, "cpu_seconds": r.cpu_seconds,
                             "peak_rss_mb": r.peak_rss_mb, "peak_anon_mb": r.peak_anon_mb}

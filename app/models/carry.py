@@ -13,7 +13,11 @@ the HQQ quantization of a weight (``active``: the same function ``quant_cache.Hq
 4-bit groups of 32, a float32 weight of a carried shape is hashed; if its bytes are those of a Q4_0
 tensor, the tensor's own values and scales are returned, read from the GGUF's blocks. A weight that
 a fold changed (the int8 caches' key smoothing scales ``wk``) no longer matches and is quantized
-as before; so is every other type, range and group size.
+as before; so is every other type, range and group size. A fold that scales whole rows (the
+int8 caches' key smoothing: wq's rows times its factors, wk's divided by them) keeps a row's
+values on its grid: ``refold`` recognises it (each row the old one times one factor, to float32
+rounding) and the tensor is carried over with each block's scale times its row's factor (rounded
+to float16 where the kernel stores it, 2^-11 of the scale at most).
 
 Q4_0's scale takes the sign of a block's largest weight, which the block then holds as -8: about
 half the scales are negative, and a negative block cannot be flipped (+8 is out of range). Our
@@ -70,8 +74,11 @@ class CarriedBlocks:
     """The Q4_0 weights of one build, by the digest of their dequantized fp32 bytes."""
 
     def __init__(self) -> None:
-        self._tensors: dict[str, tuple[Any, tuple[int, int]]] = {}  # digest -> (GGUF tensor, rows)
+        # digest -> (GGUF tensor, rows, per-row factors or None)
+        self._tensors: dict[str, tuple[Any, tuple[int, int], Any]] = {}
+        self._by_name: dict[str, tuple[Any, tuple[int, int]]] = {}
         self._shapes: set[tuple[int, int]] = set()
+        self.refolded = 0  # tensors a fold scaled by rows, carried with scaled blocks
         self.carried = 0  # weights returned from their blocks
         self.names: list[str] = []  # the checkpoint names recorded, in file order
         self.seconds = 0.0
@@ -85,12 +92,35 @@ class CarriedBlocks:
         return hashlib.blake2b(digest_size=20)
 
     def add(self, name: str, digest: str, t, shape: tuple[int, ...], span: tuple[int, int]) -> None:
-        self._tensors[digest] = (t, span)
+        self._tensors[digest] = (t, span, None)
+        self._by_name[name] = (t, span)
         self._shapes.add(tuple(int(s) for s in shape))
         self.names.append(name)
 
-    def __len__(self) -> int:
-        return len(self._tensors)
+    def refold(self, name: str, old, new) -> bool:
+        """A fold replaced the recorded tensor ``name`` (``old``, float32 [rows, K]) by ``new``: if
+        each row of ``new`` is its row of ``old`` times one factor (to float32 rounding), ``new``
+        is carried over too, its blocks' scales times the factors. Returns whether it is."""
+        import torch
+
+        found = self._by_name.get(name)
+        if found is None or old.shape != new.shape or old.ndim != 2 or new.dtype != torch.float32:
+            return False
+        old, new = old.detach(), new.detach().contiguous()
+        at = old.abs().argmax(-1, keepdim=True)  # each row's largest weight: its factor's best estimate
+        base = old.gather(-1, at)
+        f = torch.where(base != 0, new.gather(-1, at) / torch.where(base != 0, base, 1), 1.0)
+        if not bool(torch.isfinite(f).all()):
+            return False
+        if not bool(((old * f - new).abs() <= 1e-6 * new.abs() + 1e-30).all()):
+            return False
+        digest = content_digest(new.view(-1).view(torch.uint8).numpy())
+        self._tensors[digest] = (found[0], found[1], f.reshape(-1).numpy().astype("float32"))
+        self.refolded += 1
+        return True
+
+    def __len__(self) -> int:  # the file's Q4_0 weights (by checkpoint name)
+        return len(self._by_name)
 
     def lookup(self, hp_tensor, block_size, qmin: int, qmax: int):
         """``(qdata int32, scale)`` of ``hp_tensor`` from its Q4_0 blocks, or None."""
@@ -108,7 +138,10 @@ class CarriedBlocks:
             found = self._tensors.get(content_digest(w.view(-1).view(torch.uint8).numpy()))
             if found is None:
                 return None
-            q, d = blocks(*found)
+            t, span, factors = found
+            q, d = blocks(t, span)
+            if factors is not None:
+                d = d * factors[:, None]
             self.carried += 1
             return torch.from_numpy(q).to(torch.int32), torch.from_numpy(d)
         finally:
@@ -189,5 +222,6 @@ class CarriedBlocks:
 
     def summary(self) -> str:
         again = f", {self.requantized} quantized again for XNNPACK (negative scales)" if self.requantized else ""
+        again += f", {self.refolded} of them scaled by rows by a fold" if self.refolded else ""
         return (f"Q4_0: {self.carried} of the file's {len(self)} Q4_0 weights carried over as they are{again} "
                 f"({self.seconds:.1f}s)")

@@ -258,8 +258,9 @@ class StreamedCheckpoint:
     (file-backed pages the kernel may drop and read again, not anonymous memory), and the zip still
     open until ``finish``."""
 
-    def __init__(self, zf, offsets: dict[str, int], state_dict: dict) -> None:
+    def __init__(self, zf, offsets: dict[str, int], state_dict: dict, carried=None) -> None:
         self._zf = zf
+        self._carried = carried  # carry.CarriedBlocks: told of the tensors a fold replaced
         self._offsets = offsets  # name -> its data's offset in the file, in record order
         self._mapped = dict(state_dict)  # the tensors first handed out
         self.state_dict = state_dict
@@ -279,6 +280,8 @@ class StreamedCheckpoint:
                     continue
                 if new is None or tuple(new.shape) != tuple(mapped.shape):
                     raise ValueError(f"{name}: a fold removed it or changed its shape")
+                if self._carried is not None:
+                    self._carried.refold(name, mapped, new)
                 mapped.copy_(new)
                 self.state_dict[name] = mapped
                 flat = mapped.numpy().reshape(-1)
@@ -337,7 +340,7 @@ def stream(reader, spec: ModelSpec, path: Path, carried=None) -> StreamedCheckpo
     except BaseException:
         zf.close()
         raise
-    return StreamedCheckpoint(zf, offsets, sd)
+    return StreamedCheckpoint(zf, offsets, sd, carried)
 
 
 @contextlib.contextmanager

@@ -140,7 +140,8 @@ def test_a_file_without_q4_0_carries_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_a_q4_0_gguf_builds_with_its_blocks_and_serves_its_logits(tmp_path):
-    """`build-gguf` on a Q4_0 llama: every Q4_0 weight is carried over (the manifest says so); the
+    """`build-gguf` on a Q4_0 llama with an int8 cache: every Q4_0 weight is carried over (the
+    manifest says so), the smoothed wq and wk with their rows' factors; the
     output projection, 2,051 rows (not a multiple of 4: XNNPACK runs it), has negative scales, so
     it is quantized again, and the program loads (XNNPACK refuses a negative scale at load); its
     logits follow transformers' on the same file (which dequantizes the blocks exactly): what is
@@ -151,12 +152,53 @@ def test_a_q4_0_gguf_builds_with_its_blocks_and_serves_its_logits(tmp_path):
 
     gguf = write_tiny(tmp_path / "tiny-q4_0.gguf", "llama", layers=2, dim=64, heads=4, kv_heads=2, hidden=128,
                       weight_type="Q4_0", tied=False, name="Tiny Q4_0")
-    model_dir = build(gguf, tmp_path / "cache", "--quantize", "8da4w", "--embedding-quantize", "4bit")
+    model_dir = build(gguf, tmp_path / "cache", "--quantize", "8da4w", "--embedding-quantize", "4bit",
+                      "--kv-cache", "int8")
     manifest = json.loads((model_dir / "etserve.json").read_text())
-    assert manifest["q4_0_carried"] == {"carried": 16, "q4_0_weights": 16, "requantized_for_xnnpack": 1}
+    # the int8 cache's key smoothing scales wq's and wk's rows: carried with scaled blocks
+    assert manifest["q4_0_carried"] == {"carried": 16, "q4_0_weights": 16, "requantized_for_xnnpack": 1,
+                                        "scaled_by_a_fold": 4}
     assert manifest["hqq"]["computed"] == 1  # the output projection only
     ours = our_logits(model_dir, TOKENS)
     ref = reference_logits(gguf, TOKENS)
     diff = rel_diff(ours, ref)
     print(f"Q4_0 carried over: max abs logit diff / max |logit| vs transformers: {diff:.3f}")
     assert ours.argmax() == ref.argmax() and diff < 0.1
+
+
+def test_a_fold_that_scales_rows_keeps_the_blocks(tmp_path):
+    """The key smoothing's fold (kv_smoothing.apply_factors: wq's rows times factors, wk's divided)
+    leaves each row on its grid: the weight is carried over with its blocks' scales times the
+    row's factor. A change that is not a scaling of rows goes to HQQ."""
+    from app.models import kv_smoothing
+    from app.models.carry import CarriedBlocks, blocks
+    from app.models.checkpoint import make_params, stream
+    from app.models.gguf_file import file_spec
+    from app.models.gguf_meta import open_gguf, read_metadata
+
+    path = write_tiny(tmp_path / "tiny-q4_0.gguf", "llama", layers=1, dim=64, heads=4, kv_heads=2, hidden=128,
+                      weight_type="Q4_0")
+    reader = open_gguf(path)
+    spec = file_spec(path, reader)
+    carried = CarriedBlocks()
+    streamed = stream(reader, spec, tmp_path / "checkpoint.pth", carried)
+    sd = streamed.state_dict
+    params = make_params(read_metadata(reader), spec, has_qkv_bias=False)
+    factors = torch.exp(torch.randn(1, 2, 16) * 0.5)  # [layers, kv heads, head_dim]
+    kv_smoothing.apply_factors(sd, factors, params)
+    sd["layers.0.feed_forward.w1.weight"] = sd["layers.0.feed_forward.w1.weight"] + 1e-3  # not a row scaling
+    streamed.finish()
+    assert carried.refolded == 2
+    by_name = {t.name: t for t in reader.tensors}
+    before = carried.carried
+    with carried.active():
+        wk = from_hp(sd["layers.0.attention.wk.weight"])
+        w1 = from_hp(sd["layers.0.feed_forward.w1.weight"])
+    assert carried.carried - before == 1
+    q, d = blocks(by_name["blk.0.attn_k.weight"], (0, 32))
+    np.testing.assert_array_equal(wk.qdata.numpy(), q)
+    expected = d / factors.reshape(-1).numpy()[:, None]
+    np.testing.assert_allclose(wk.scale.reshape(d.shape).numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(wk.dequantize().numpy(), sd["layers.0.attention.wk.weight"].numpy(), rtol=1e-6,
+                               atol=1e-9)
+    assert not torch.allclose(w1.dequantize(), sd["layers.0.feed_forward.w1.weight"], rtol=1e-6, atol=1e-9)
