@@ -34,7 +34,7 @@ import hashlib
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from .quant_cache import HQQ_FUNCTION, HQQ_MODULE
+from .quantize_hook import wrapping_hqq, wrapping_quantize
 
 GROUP = 32  # weights a Q4_0 block holds: our group size
 BLOCK_BYTES = 2 + GROUP // 2  # float16 d, then 16 bytes of two 4-bit values
@@ -162,15 +162,8 @@ class CarriedBlocks:
     def active(self) -> Iterator["CarriedBlocks"]:
         """Inside the block, torchao's HQQ returns a Q4_0 weight's own blocks (and otherwise runs
         whatever was there: the quantization cache's wrapper, or the library function)."""
-        import importlib
-
-        module = importlib.import_module(HQQ_MODULE)
-        original = getattr(module, HQQ_FUNCTION)
-        setattr(module, HQQ_FUNCTION, self.wrap(original))
-        try:
+        with wrapping_hqq(self.wrap):
             yield self
-        finally:
-            setattr(module, HQQ_FUNCTION, original)
 
     def requantize_for_xnnpack(self, model) -> int:
         """Quantize again, by HQQ, every 4-bit linear of ``model`` still torchao's (XNNPACK runs
@@ -208,8 +201,6 @@ class CarriedBlocks:
         if not self._tensors:
             yield
             return
-        from .quantize_hook import wrapping_quantize
-
         def wrap(original):
             def quantize(model, qmode, *args, **kwargs):
                 model = original(model, qmode, *args, **kwargs)

@@ -33,15 +33,13 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from .quantize_hook import HQQ_FUNCTION, HQQ_MODULE, wrapping_hqq  # noqa: F401  (HQQ_*: tests look them up here)
 from .registry import EMBEDDING_GROUP_SIZE, BuildOptions, ModelSpec, cache_root
 
 FORMAT_VERSION = 1
 SPILL_BYTES = 256 << 20  # new results kept in RAM before they go to a shard file
 # Libraries whose code decides the quantized values (torchao's HQQ, ExecuTorch's quantize transforms).
 VERSIONED = ("torch", "torchao", "executorch")
-# Where torchao's IntxUnpackedToInt8Tensor.from_hp looks the function up (imported by name).
-HQQ_MODULE = "torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor"
-HQQ_FUNCTION = "_choose_qparams_and_quantize_scale_only_hqq"
 
 
 def _version(dist: str) -> Optional[str]:
@@ -160,15 +158,8 @@ class HqqCache:
     @contextlib.contextmanager
     def active(self) -> Iterator["HqqCache"]:
         """torchao's HQQ goes through this cache inside the block."""
-        import importlib
-
-        module = importlib.import_module(HQQ_MODULE)
-        original = getattr(module, HQQ_FUNCTION)
-        setattr(module, HQQ_FUNCTION, self.wrap(original))
-        try:
+        with wrapping_hqq(self.wrap):
             yield self
-        finally:
-            setattr(module, HQQ_FUNCTION, original)
 
     def _keep(self, key: str, entry: dict[str, Any]) -> None:
         import torch

@@ -1,4 +1,4 @@
-"""One place that hooks the exporter's weight-quantization transform.
+"""One place that hooks the exporter's weight-quantization transform, and torchao's HQQ in it.
 
 ExecuTorch's llama exporter quantizes weights through
 ``source_transformation.quantize.quantize``, which ``get_quant_weight_transform`` looks up when
@@ -12,6 +12,9 @@ import contextlib
 from typing import Callable, Iterator
 
 Quantize = Callable[..., object]  # quantize(model, qmode, *args, **kwargs) -> model
+# Where torchao's IntxUnpackedToInt8Tensor.from_hp looks its HQQ scale search up (imported by name).
+HQQ_MODULE = "torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor"
+HQQ_FUNCTION = "_choose_qparams_and_quantize_scale_only_hqq"
 
 
 @contextlib.contextmanager
@@ -25,3 +28,19 @@ def wrapping_quantize(wrap: Callable[[Quantize], Quantize]) -> Iterator[None]:
         yield
     finally:
         qmod.quantize = original
+
+
+@contextlib.contextmanager
+def wrapping_hqq(wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """While active, torchao's HQQ scale search (what the 8da4w linears and the 4-bit embedding
+    are quantized by) is ``wrap(the function it had)``: the quantization cache's and the Q4_0
+    carry-over's wrappers compose, the one entered last asked first."""
+    import importlib
+
+    module = importlib.import_module(HQQ_MODULE)
+    original = getattr(module, HQQ_FUNCTION)
+    setattr(module, HQQ_FUNCTION, wrap(original))
+    try:
+        yield
+    finally:
+        setattr(module, HQQ_FUNCTION, original)

@@ -84,17 +84,6 @@ def test_the_wheel_ships_aarch64_libraries_that_find_each_other(unpacked):
         system
 
 
-def _host_logits(model_dir: Path) -> np.ndarray:
-    from app.engine import NativeModel
-
-    m = NativeModel(model_dir / "model.pte")
-    try:
-        m.forward(TOKENS, 0)
-        return np.frombuffer(m.logits(), dtype=np.float32).copy()
-    finally:
-        m.close()
-
-
 # (qemu CPU model, the kernel set the library must choose): qemu's "max" has the dot products,
 # its Cortex-A53 only Advanced SIMD.
 @pytest.mark.parametrize("cpu,isa", [("max", "neon-dotprod"), ("cortex-a53", "neon")])
@@ -107,7 +96,9 @@ def test_the_wheels_library_runs_the_test_model_under_emulation(unpacked, smoke,
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert f"isa {isa}\n" in proc.stdout, proc.stdout
     ours = np.fromfile(out, dtype=np.float32)
-    host = _host_logits(model_dir)
+    from models.test_gguf_architectures import our_logits
+
+    host = our_logits(model_dir, TOKENS)
     assert ours.shape == host.shape and np.isfinite(ours).all()
     assert ours.argmax() == host.argmax()
     rel = float(np.abs(ours - host).max() / np.abs(host).max())
