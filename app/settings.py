@@ -29,6 +29,15 @@ SETTINGS: tuple[Setting, ...] = (
             "a built model directory, or a .pte file with tokenizer files beside it (overrides --model)"),
     Setting("model_id", "ETSERVE_MODEL_ID", "--model-id", "",
             "the model name clients use (default: the model's name)"),
+    Setting("models_dir", "ETSERVE_MODELS_DIR", "--models-dir", "",
+            "several models on one server (llama.cpp's router mode): each directory in it holding a "
+            "model.pte is a model named by its directory, chosen by a request's `model` field (or "
+            "`?model=`), loaded on its first request and unloaded least recently used first "
+            "(docs/models.md); overrides --model and --model-path"),
+    Setting("models_max", "ETSERVE_MODELS_MAX", "--models-max", "2",
+            "with --models-dir: models loaded at once"),
+    Setting("models_mib", "ETSERVE_MODELS_MIB", "--models-mib", "0",
+            "with --models-dir: the loaded models' .pte files may add up to this many MiB (0: no cap)"),
     Setting("host", "ETSERVE_HOST", "--host", "127.0.0.1", "address to bind"),
     Setting("port", "ETSERVE_PORT", "--port", "8000", "port to bind"),
     Setting("threads", "ETSERVE_THREADS", "--threads", "0", "runtime threads (0: one per core)"),
@@ -126,6 +135,9 @@ class Settings:
     model: str
     model_path: str
     model_id: str
+    models_dir: str
+    models_max: int
+    models_mib: int
     host: str
     port: int
     threads: int

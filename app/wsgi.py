@@ -42,6 +42,7 @@ from app.openai.sessions import SessionsResource
 from app.openai.tokenize.routes import TokenizerResource
 from app.openai.tokenize.serving import Tokenization
 from app.request_id import RequestId
+from app.router.hosting import Router
 from app.settings import Settings
 from app.write_timeout import WriteTimeout
 
@@ -94,6 +95,8 @@ def shutdown(timeout: float) -> bool:
     """gunicorn's worker_exit hook (app/gunicorn_conf.py): before the worker process ends, the
     session states still queued for --session-dir reach the disk, for up to `timeout` seconds.
     False if some did not."""
+    if _router is not None:
+        return _router.flush(timeout)
     state = _serving
     if state is None or state.model is None:
         return True
@@ -104,7 +107,14 @@ def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.A
     """The app answers at once; /health says "loading" until `loader` (run in the
     background, off the event loop) has produced the model and its routes exist."""
     global _serving
-    state = _serving = ModelState()
+    app, _serving = model_app(settings, loader)
+    return app
+
+
+def model_app(settings: Settings, loader: Callable[[], ServedModel]) -> tuple[falcon.App, ModelState]:
+    """One model's app and its state, the model loading in the background (build_app's, and each
+    model's behind the router of --models-dir)."""
+    state = ModelState()
     router = falcon.routing.DefaultRouter()
     metrics = Metrics(lambda: state.model.engine if state.model else None)
     middleware = [ObserveRequests(metrics, route_finder(router)), RequestId(), WriteTimeout(settings.write_timeout)]
@@ -128,11 +138,19 @@ def build_app(settings: Settings, loader: Callable[[], ServedModel]) -> falcon.A
         state.load(lambda: run_blocking(loader), ready)
 
     spawn(load)
-    return app
+    return app, state
 
 
-def create_app(settings: Settings | None = None) -> falcon.App:
+# The router of --models-dir this process serves, if any, for `shutdown`.
+_router: Router | None = None
+
+
+def create_app(settings: Settings | None = None):
+    global _router
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings or Settings.from_env()
+    if settings.models_dir:
+        _router = Router(settings, lambda s: model_app(s, lambda: load_served_model(s)))
+        return _router
     return build_app(settings, lambda: load_served_model(settings))
 

@@ -20,5 +20,5 @@ def test_spec_documents_every_route():
                   "/v1/tokenize", "/v1/detokenize", "/v1/apply-template", "/health",
                   "/v1/sessions", "/v1/sessions/{session_id}", "/metrics", "/",
                   "/v1/responses", "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens",
-                  "/infill", "/slots", "/completion", "/props"):
+                  "/infill", "/slots", "/completion", "/props", "/models/load", "/models/unload"):
         assert route in paths, route

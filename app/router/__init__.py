@@ -1,0 +1,1 @@
+"""Several models behind one server: --models-dir (app/router/hosting.py)."""

@@ -1,0 +1,385 @@
+"""Several models on one server (--models-dir; llama.cpp's router mode, Ollama's behaviour).
+
+Each model, once loaded, is a whole single-model app of its own (app.wsgi.model_app: its engine,
+routes, metrics), built with the server's settings. The router is the WSGI app in front of them:
+it reads which model a request names (`model` in a JSON body, or `?model=`), loads that model on
+its first request (the request waits for it), unloads the least recently used idle ones to stay
+within --models-max and --models-mib (app/router/policy.py), and hands the request over unchanged.
+It answers itself what spans the models: /health, the model list, and llama.cpp's router routes
+POST /models/load and /models/unload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import falcon
+
+from app.anthropic import routes as anthropic_routes
+from app.auth import RequireApiKey
+from app.http import errors
+from app.http.body import read_json
+from app.http.errors import APIError
+from app.openai import errors as openai_errors
+from app.openai.models.routes import model_card
+from app.request_id import RequestId
+from app.settings import Settings
+
+from . import catalog
+from .policy import Loaded, WontFit, evictions
+
+log = logging.getLogger("etserve")
+
+ERROR_KEY = "etserve.router.error"  # the environ key of an error the router answers itself
+POLL_S = 0.05  # how often a request waiting for a load or an idle model looks again
+OWN_PATHS = frozenset({"/health", "/v1/models", "/models", "/models/load", "/models/unload"})
+
+
+@dataclasses.dataclass
+class Hosted:
+    """One model of the catalog, loaded or not."""
+
+    name: str
+    directory: Path
+    app: Callable | None = None  # its single-model WSGI app while loading or loaded
+    state: object | None = None  # that app's app.health.ModelState
+    busy: int = 0  # requests in flight (the router's count: from hand-over to the response's close)
+    last_used: float = 0.0
+    error: str | None = None  # why its last load failed (no paths)
+
+    @property
+    def status(self) -> str:
+        if self.state is None:
+            return "failed" if self.error else "unloaded"
+        return {"ok": "loaded"}.get(self.state.status, self.state.status)  # loading, failed
+
+
+class _Released:
+    """A response's body whose close() also ends the request's hold on its model."""
+
+    def __init__(self, body: Iterable[bytes], done: Callable[[], None]):
+        self._body, self._done = body, done
+
+    def __iter__(self):
+        return iter(self._body)
+
+    def close(self) -> None:
+        done, self._done = self._done, None
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if done is not None:
+                done()
+
+
+class Router:
+    def __init__(self, settings: Settings, model_app: Callable[[Settings], tuple[Callable, object]],
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        """`model_app(settings)` starts loading the model `settings` names and returns its app and
+        its ModelState at once (app.wsgi.model_app)."""
+        self.settings = settings
+        self.models_dir = Path(settings.models_dir).expanduser()
+        if settings.models_max < 1:
+            raise ValueError(f"--models-max must be 1 or more, got {settings.models_max}")
+        if settings.models_mib < 0:
+            raise ValueError(f"--models-mib must be 0 (no cap) or more, got {settings.models_mib}")
+        self.max_bytes = settings.models_mib * 2**20
+        self._model_app = model_app
+        self._clock, self._sleep = clock, sleep
+        self.created = int(time.time())
+        self.hosted: dict[str, Hosted] = {}
+        self.refresh()
+        log.info("router over %s: %d models (%s), at most %d loaded%s", self.models_dir, len(self.hosted),
+                 ", ".join(self.hosted) or "none", settings.models_max,
+                 f" and {settings.models_mib} MiB of .pte files" if self.max_bytes else "")
+        self.own = self._own_app()
+
+    # -- the catalog ----------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read the directory again: new models join; a model whose directory went keeps its entry
+        while loaded (it is served until unloaded), else leaves."""
+        found = catalog.discover(self.models_dir)
+        for name, directory in found.items():
+            if name not in self.hosted:
+                self.hosted[name] = Hosted(name, directory)
+        for name in [n for n, h in self.hosted.items() if n not in found and h.state is None]:
+            del self.hosted[name]
+
+    def default_name(self) -> str | None:
+        """The model a request that names none gets: the most recently used loaded one, else
+        --model if the catalog has it, else the first by name."""
+        loaded = [h for h in self.hosted.values() if h.status == "loaded"]
+        if loaded:
+            return max(loaded, key=lambda h: h.last_used).name
+        if self.settings.model in self.hosted:
+            return self.settings.model
+        return next(iter(sorted(self.hosted)), None)
+
+    def lookup(self, name: str | None) -> Hosted:
+        if name is None:
+            name = self.default_name()
+            if name is None:
+                raise APIError(503, f"no models: {self.models_dir} holds no directory with a model.pte",
+                               code="no_models")
+        if name not in self.hosted:
+            self.refresh()
+        if name not in self.hosted:
+            names = ", ".join(sorted(self.hosted)) or "none"
+            raise APIError(404, f"the model '{name}' does not exist; this server has: {names}",
+                           code="model_not_found", param="model")
+        return self.hosted[name]
+
+    # -- loading and unloading ------------------------------------------------------------------
+
+    def acquire(self, hosted: Hosted) -> None:
+        """Wait until `hosted` is loaded (loading it, and unloading others to make room), then hold
+        it for one request (release() lets go). APIError 503 when it fails to load, or when the
+        room it needs stays held by requests in flight past --queue-timeout."""
+        deadline = self._clock() + self.settings.queue_timeout
+        while True:
+            status = hosted.status
+            if status == "loaded":
+                hosted.busy += 1
+                hosted.last_used = self._clock()
+                return
+            if status == "failed" and hosted.state is not None:  # this attempt failed: say so once
+                hosted.error = hosted.state.public_error or "the model failed to load; the server log says why"
+                hosted.app = hosted.state = None
+                raise APIError(503, f"the model '{hosted.name}' failed to load: {hosted.error}",
+                               code="model_failed", headers={"Retry-After": "5"})
+            if status != "loading":  # unloaded, or failed before: (try to) load it
+                plan = self._plan(hosted)
+                if plan is not None:
+                    for name in plan:
+                        self.unload(self.hosted[name])
+                    self._load(hosted)
+                    continue
+                if self._clock() >= deadline:
+                    raise APIError(503, f"the model '{hosted.name}' needs the room of a loaded model, and "
+                                   f"every loaded model is busy (--models-max {self.settings.models_max})",
+                                   code="models_busy", headers={"Retry-After": "5"})
+            self._sleep(POLL_S)
+
+    def release(self, hosted: Hosted) -> None:
+        hosted.busy -= 1
+        hosted.last_used = self._clock()
+
+    def _plan(self, hosted: Hosted) -> list[str] | None:
+        loaded = [Loaded(h.name, catalog.size_of(h.directory), h.busy + (h.status == "loading"), h.last_used)
+                  for h in self.hosted.values() if h.state is not None]
+        try:
+            return evictions(loaded, catalog.size_of(hosted.directory), self.settings.models_max, self.max_bytes)
+        except WontFit:
+            raise APIError(503, f"the model '{hosted.name}' is larger than --models-mib "
+                           f"{self.settings.models_mib}", code="model_too_large") from None
+
+    def _load(self, hosted: Hosted) -> None:
+        base = self.settings
+        session_dir = str(Path(base.session_dir) / hosted.name) if base.session_dir else ""
+        settings = dataclasses.replace(base, models_dir="", model_path=str(hosted.directory),
+                                       model_id=hosted.name, session_dir=session_dir)
+        log.info("loading model '%s' from %s", hosted.name, hosted.directory)
+        hosted.error = None
+        hosted.app, hosted.state = self._model_app(settings)
+
+    def unload(self, hosted: Hosted) -> None:
+        """Let an idle model go: its session states reach --session-dir, its runtime is freed."""
+        state, hosted.app, hosted.state = hosted.state, None, None
+        model = getattr(state, "model", None)
+        if model is not None:
+            model.engine.flush_sessions(10.0)
+            model.engine.model.close()
+        log.info("unloaded model '%s'", hosted.name)
+
+    def flush(self, timeout: float) -> bool:
+        """Every loaded model's session states to disk (gunicorn's worker_exit)."""
+        ok = True
+        for h in self.hosted.values():
+            model = getattr(h.state, "model", None)
+            if model is not None:
+                ok = model.engine.flush_sessions(timeout) and ok
+        return ok
+
+    # -- WSGI -----------------------------------------------------------------------------------
+
+    def __call__(self, environ: dict, start_response):
+        path = (environ.get("PATH_INFO") or "/").rstrip("/") or "/"
+        if path in OWN_PATHS or path.startswith(("/v1/models/", "/models/")) or self._refused(environ, path):
+            return self.own(environ, start_response)
+        try:
+            hosted = self.lookup(self._named(environ))
+            self.acquire(hosted)
+        except APIError as e:
+            environ[ERROR_KEY] = e
+            return self.own(environ, start_response)
+        try:
+            body = hosted.app(environ, start_response)
+        except BaseException:
+            self.release(hosted)
+            raise
+        return _Released(body, lambda: self.release(hosted))
+
+    def _refused(self, environ: dict, path: str) -> bool:
+        """Whether the API key check refuses the request (the router's own app then answers it with
+        the 401): checked before a model is loaded for it."""
+        if self._auth is None or path in ("/", "/health"):
+            return False
+        try:
+            self._auth.process_request(falcon.Request(environ), None)
+        except APIError:
+            return True
+        return False
+
+    def _named(self, environ: dict) -> str | None:
+        """The model the request names: `model` in its JSON body (read here, then given back to the
+        model's app as it came), else `?model=`; None for none. APIError for a body read_json
+        refuses (too large, not JSON), in the route's own shape."""
+        req = falcon.Request(environ)
+        name = req.get_param("model") or None
+        ctype = (req.content_type or "application/json").split(";")[0].strip().lower()
+        json_body = ctype == "application/json" or ctype.endswith("+json")
+        if req.method in ("POST", "PUT", "PATCH") and json_body:
+            record = _Recording(environ["wsgi.input"])
+            environ["wsgi.input"] = record
+            req = falcon.Request(environ)
+            try:
+                body = read_json(req, self.settings.max_body_bytes)
+            finally:
+                environ["wsgi.input"] = io.BytesIO(record.data)
+                environ["CONTENT_LENGTH"] = str(len(record.data))
+                environ.pop("HTTP_TRANSFER_ENCODING", None)
+            named = body.get("model") if isinstance(body, dict) else None
+            if isinstance(named, str) and named:
+                name = named
+        return name
+
+    # -- the router's own routes ----------------------------------------------------------------
+
+    def _own_app(self) -> falcon.App:
+        self._auth = RequireApiKey(self.settings.api_key) if self.settings.api_key else None
+        middleware: list = [RequestId()]
+        if self._auth is not None:
+            middleware.append(self._auth)
+        app = falcon.App(middleware=middleware)
+        app.req_options.strip_url_path_trailing_slash = True
+        errors.install(app, openai_errors.envelope, anthropic_routes.error_envelopes())
+        app.add_route("/health", _Health(self))
+        models = _Models(self)
+        for prefix in ("/v1", ""):
+            app.add_route(f"{prefix}/models", models)
+            app.add_route(f"{prefix}/models/{{model_id}}", models, suffix="one")
+        app.add_route("/models/load", _Load(self, load=True))
+        app.add_route("/models/unload", _Load(self, load=False))
+        app.add_sink(_raise_routed_error)
+        return app
+
+    def card(self, hosted: Hosted) -> dict:
+        model = getattr(hosted.state, "model", None)
+        if model is not None and hosted.status == "loaded":
+            card = model_card(model, self.created)
+        else:
+            card = {"id": hosted.name, "object": "model", "created": self.created, "owned_by": "etserve",
+                    "type": "model", "display_name": hosted.name}
+            context = _manifest_context(hosted.directory)
+            if context:
+                card.update(context_length=context, max_model_len=context, context_window=context,
+                            meta={"n_ctx": context})
+        card["status"] = {"value": hosted.status}
+        if hosted.error and hosted.status == "failed":
+            card["status"]["error"] = hosted.error
+        return card
+
+
+class _Recording:
+    """A WSGI input stream that keeps what is read from it."""
+
+    def __init__(self, stream):
+        self._stream, self._chunks = stream, []
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self._chunks)
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read() if size is None or size < 0 else self._stream.read(size)
+        self._chunks.append(chunk)
+        return chunk
+
+    def readline(self, size: int = -1) -> bytes:
+        line = self._stream.readline(size)
+        self._chunks.append(line)
+        return line
+
+
+def _manifest_context(directory: Path) -> int | None:
+    """The context an unloaded model was built with, from its etserve.json (None without one)."""
+    try:
+        value = json.loads((directory / "etserve.json").read_text()).get("max_seq_len")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _raise_routed_error(req: falcon.Request, resp: falcon.Response, **_) -> None:
+    err = req.env.get(ERROR_KEY)
+    if err is None:  # cannot happen: the router sends here only requests it refused
+        raise APIError(404, f"no route for {req.method} {req.path}", code="not_found")
+    raise err
+
+
+class _Health:
+    def __init__(self, router: Router):
+        self.router = router
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        r = self.router
+        r.refresh()
+        resp.media = {"status": "ok", "mode": "router",
+                      "models": {h.name: {"status": h.status, "busy": h.busy} for h in r.hosted.values()},
+                      "models_max": r.settings.models_max}
+
+
+class _Models:
+    def __init__(self, router: Router):
+        self.router = router
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        self.router.refresh()
+        cards = [self.router.card(h) for h in self.router.hosted.values()]
+        resp.media = {"object": "list", "data": cards, "has_more": False,
+                      "first_id": cards[0]["id"] if cards else None, "last_id": cards[-1]["id"] if cards else None}
+
+    def on_get_one(self, req: falcon.Request, resp: falcon.Response, model_id: str) -> None:
+        resp.media = self.router.card(self.router.lookup(model_id))
+
+
+class _Load:
+    """POST /models/load and /models/unload {"model": name} (llama.cpp's router routes)."""
+
+    def __init__(self, router: Router, load: bool):
+        self.router, self.load = router, load
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        body = read_json(req, self.router.settings.max_body_bytes)
+        name = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            raise errors.invalid_value("model", "`model` must name a model of this server")
+        hosted = self.router.lookup(name)
+        if self.load:
+            self.router.acquire(hosted)
+            self.router.release(hosted)
+        elif hosted.state is not None:
+            if hosted.busy or hosted.status == "loading":
+                raise APIError(409, f"the model '{name}' is busy; unload it when its requests have ended",
+                               code="model_busy", headers={"Retry-After": "1"})
+            self.router.unload(hosted)
+        resp.media = {"success": True, "model": name, "status": hosted.status}

@@ -1,0 +1,192 @@
+"""--models-dir: several models behind one server (llama.cpp's router mode), on real gunicorn with
+the two real test models (SmolLM2 and Qwen) in a directory of their own."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from e2e.servers import Server
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory, model_dir, qwen_dir):
+    d = tmp_path_factory.mktemp("models")
+    (d / "smollm2").symlink_to(model_dir)
+    (d / "qwen").symlink_to(qwen_dir)
+    (d / "notes").mkdir()  # no model.pte: not a model
+    (d / "dangling").symlink_to(d / "gone")
+    return d
+
+
+@pytest.fixture(scope="module")
+def router(models_dir):
+    srv = Server(models_dir, {"ETSERVE_MODELS_DIR": str(models_dir), "ETSERVE_MODELS_MAX": "1",
+                              "ETSERVE_QUEUE_TIMEOUT": "3", "ETSERVE_MODEL": "smollm2"})
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def statuses(srv) -> dict[str, str]:
+    return {name: m["status"] for name, m in srv.health()["models"].items()}
+
+
+def complete(srv, model, prompt="1, 2, 3, 4,", **extra):
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, **extra}
+    if model is not None:
+        body["model"] = model
+    return requests.post(srv.base_url + "/v1/completions", json=body, timeout=120)
+
+
+def test_the_list_offers_each_model_directory_unloaded_at_first(router):
+    assert statuses(router) == {"qwen": "unloaded", "smollm2": "unloaded"}
+    cards = requests.get(router.base_url + "/v1/models", timeout=5).json()["data"]
+    assert [c["id"] for c in cards] == ["qwen", "smollm2"]
+    by_id = {c["id"]: c for c in cards}
+    assert by_id["smollm2"]["status"] == {"value": "unloaded"}
+    assert by_id["smollm2"]["context_length"] == 512  # from its manifest, without loading it
+    assert requests.get(router.base_url + "/models/qwen", timeout=5).json()["status"]["value"] == "unloaded"
+
+
+def test_requests_load_what_they_name_and_the_oldest_gives_way(router, server):
+    r = complete(router, "smollm2")
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "smollm2"
+    # the router hands the body over as it came: the same answer as a server of SmolLM2 alone
+    alone = complete(server, "smollm2").json()["choices"][0]["text"]
+    assert r.json()["choices"][0]["text"] == alone
+    assert statuses(router) == {"qwen": "unloaded", "smollm2": "loaded"}
+
+    r = complete(router, "qwen")
+    assert r.status_code == 200 and r.json()["model"] == "qwen", r.text
+    assert statuses(router) == {"qwen": "loaded", "smollm2": "unloaded"}  # --models-max 1
+    card = requests.get(router.base_url + "/v1/models/qwen", timeout=5).json()
+    assert card["status"] == {"value": "loaded"} and card["context_length"] == 32768
+
+    # no `model`: the loaded one (no swap for a client that names none)
+    r = complete(router, None)
+    assert r.status_code == 200 and r.json()["model"] == "qwen"
+
+
+def test_a_streamed_chat_and_a_chunked_body_pass_through(router):
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 5,
+            "stream": True}
+    data = json.dumps(body).encode()
+    # a generator body: requests sends it chunked (no Content-Length)
+    r = requests.post(router.base_url + "/v1/chat/completions", data=iter([data[:10], data[10:]]),
+                      headers={"Content-Type": "application/json"}, stream=True, timeout=120)
+    assert r.status_code == 200, r.text
+    lines = [ln for ln in r.iter_lines() if ln.startswith(b"data: ")]
+    assert lines[-1] == b"data: [DONE]"
+    assert json.loads(lines[0][6:])["model"] == "smollm2"
+
+
+def test_unknown_models_and_bad_bodies_get_each_apis_error(router):
+    r = complete(router, "nope")
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "model_not_found" and "qwen, smollm2" in err["message"]
+    r = requests.post(router.base_url + "/v1/messages", timeout=10,
+                      json={"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "not_found_error"
+    r = requests.post(router.base_url + "/v1/chat/completions", data=b'{"model":',
+                      headers={"Content-Type": "application/json"}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = requests.post(router.base_url + "/v1/chat/completions", data=b"x" * (5 << 20),
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 413
+    assert statuses(router)["qwen"] in ("loaded", "unloaded")  # still up, nothing broken
+
+
+def no_eos(directory) -> dict[str, int]:
+    """A logit_bias that keeps the model from ending its answer."""
+    return {str(i): -100 for i in json.loads((directory / "etserve.json").read_text())["eos_token_ids"]}
+
+
+def test_a_busy_model_keeps_its_place_until_its_request_ends(router, qwen_dir):
+    assert complete(router, "qwen").status_code == 200
+    # a long stream on Qwen (some 2,000 tokens: half a minute), left unread after its first event
+    stream = requests.post(router.base_url + "/v1/completions", stream=True, timeout=120,
+                           json={"model": "qwen", "prompt": "1, 2, 3,", "max_tokens": 2000,
+                                 "stream": True, "logit_bias": no_eos(qwen_dir)})
+    lines = stream.iter_lines()  # kept: a dropped iterator closes the connection
+    assert next(lines).startswith(b"data: ")
+    started = time.monotonic()
+    r = complete(router, "smollm2")  # needs Qwen's room: waits --queue-timeout (3 s), then 503
+    assert r.status_code == 503 and r.json()["error"]["code"] == "models_busy", r.text
+    assert time.monotonic() - started >= 2.5
+    assert statuses(router)["qwen"] == "loaded" and router.health()["models"]["qwen"]["busy"] == 1
+    # meanwhile Qwen itself still serves
+    assert complete(router, "qwen").status_code == 200
+    stream.close()  # the client leaves: its decoding stops, the model is free
+    deadline = time.monotonic() + 30
+    while router.health()["models"]["qwen"]["busy"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    r = complete(router, "smollm2")
+    assert r.status_code == 200, r.text
+    assert statuses(router) == {"qwen": "unloaded", "smollm2": "loaded"}
+
+
+def test_a_request_waiting_for_room_is_served_when_it_frees(router, qwen_dir):
+    assert complete(router, "qwen").status_code == 200
+    results = {}
+
+    def long_qwen():
+        results["qwen"] = complete(router, "qwen", max_tokens=60, logit_bias=no_eos(qwen_dir))
+
+    t = threading.Thread(target=long_qwen)
+    t.start()
+    time.sleep(0.3)
+    r = complete(router, "smollm2")  # waits for the Qwen request (well under 3 s), then swaps
+    t.join()
+    assert results["qwen"].status_code == 200 and r.status_code == 200, r.text
+    assert r.json()["model"] == "smollm2"
+
+
+def test_load_and_unload_routes(router):
+    url = router.base_url
+    r = requests.post(url + "/models/load", json={"model": "qwen"}, timeout=120)
+    assert r.status_code == 200 and r.json()["success"] is True
+    assert statuses(router) == {"qwen": "loaded", "smollm2": "unloaded"}
+    r = requests.post(url + "/models/unload", json={"model": "qwen"}, timeout=30)
+    assert r.status_code == 200
+    assert statuses(router) == {"qwen": "unloaded", "smollm2": "unloaded"}
+    assert requests.post(url + "/models/load", json={"model": "nope"}, timeout=10).status_code == 404
+    assert requests.post(url + "/models/load", json={}, timeout=10).status_code == 400
+
+
+def test_a_model_copied_in_later_is_offered_and_a_broken_one_fails_alone(router, models_dir, broken_model_dir):
+    (models_dir / "broken").symlink_to(broken_model_dir)
+    try:
+        assert statuses(router)["broken"] == "unloaded"
+        r = complete(router, "broken")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_failed"
+        assert str(broken_model_dir) not in r.text  # no paths to the client
+        assert statuses(router)["broken"] == "failed"
+        assert complete(router, "smollm2").status_code == 200
+    finally:
+        (models_dir / "broken").unlink()
+    assert "broken" not in statuses(router)
+
+
+def test_an_unauthenticated_request_loads_nothing(models_dir):
+    srv = Server(models_dir, {"ETSERVE_MODELS_DIR": str(models_dir), "ETSERVE_API_KEY": "k1"})
+    try:
+        srv.wait_ready()
+        r = complete(srv, "smollm2")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert requests.get(srv.base_url + "/v1/models", timeout=5).status_code == 401
+        assert statuses(srv) == {"qwen": "unloaded", "smollm2": "unloaded"}
+        r = requests.post(srv.base_url + "/v1/completions", headers={"Authorization": "Bearer k1"}, timeout=120,
+                          json={"model": "smollm2", "prompt": "1, 2,", "max_tokens": 3})
+        assert r.status_code == 200 and statuses(srv)["smollm2"] == "loaded"
+    finally:
+        srv.stop()
