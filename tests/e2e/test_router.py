@@ -140,12 +140,12 @@ def test_a_request_waiting_for_room_is_served_when_it_frees(router, qwen_dir):
     results = {}
 
     def long_qwen():
-        results["qwen"] = complete(router, "qwen", max_tokens=60, logit_bias=no_eos(qwen_dir))
+        results["qwen"] = complete(router, "qwen", max_tokens=20, logit_bias=no_eos(qwen_dir))
 
     t = threading.Thread(target=long_qwen)
     t.start()
     time.sleep(0.3)
-    r = complete(router, "smollm2")  # waits for the Qwen request (well under 3 s), then swaps
+    r = complete(router, "smollm2")  # waits for the Qwen request (20 tokens: well under 3 s), then swaps
     t.join()
     assert results["qwen"].status_code == 200 and r.status_code == 200, r.text
     assert r.json()["model"] == "smollm2"
