@@ -23,6 +23,7 @@ from app.llamacpp.completion.protocol import parse_completion_request
 from app.llamacpp.completion.serving import Completion
 from app.llamacpp.infill.protocol import parse_infill_request
 from app.llamacpp.infill.serving import Infill
+from app.llamacpp.model_loading import ModelLoadingResource
 from app.llamacpp.props import PropsResource
 from app.llamacpp.slots.routes import SlotsResource
 from app.http import errors
@@ -67,6 +68,9 @@ def add_model_routes(app: falcon.App, model: ServedModel, settings: Settings) ->
                                     done=False)
     app.add_route("/completion", completion)
     app.add_route("/props", PropsResource(model))
+    loading = ModelLoadingResource(model, settings.max_body_bytes)  # llama.cpp's router routes
+    app.add_route("/models/load", loading, suffix="load")
+    app.add_route("/models/unload", loading, suffix="unload")
     responses_service = Responses(chat_service, ResponseStore(settings.responses_store_size,
                                                               settings.responses_store_mib * 1024 * 1024))
     responses = responses_resource(responses_service, settings.max_body_bytes, sse_keepalive=settings.sse_keepalive)

@@ -190,3 +190,15 @@ def test_an_unauthenticated_request_loads_nothing(models_dir):
         assert r.status_code == 200 and statuses(srv)["smollm2"] == "loaded"
     finally:
         srv.stop()
+
+
+def test_a_single_model_server_answers_the_router_routes(server):
+    """llama.cpp's router routes on a server of one model: it is always loaded."""
+    model_id = requests.get(server.base_url + "/v1/models", timeout=5).json()["data"][0]["id"]
+    r = requests.post(server.base_url + "/models/load", json={"model": model_id}, timeout=10)
+    assert r.status_code == 200 and r.json() == {"success": True, "model": model_id, "status": "loaded"}
+    r = requests.post(server.base_url + "/models/load", json={"model": "nope"}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = requests.post(server.base_url + "/models/unload", json={"model": model_id}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unload_unsupported"
+    assert "--models-dir" in r.json()["error"]["message"]
