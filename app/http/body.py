@@ -9,7 +9,7 @@ import falcon
 
 from app import validation
 
-from .errors import APIError
+from .errors import APIError, invalid_value
 
 MAX_DEPTH = validation.MAX_DEPTH
 
@@ -54,3 +54,12 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
         raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
                        "which is not text", code="invalid_json")
     return body
+
+
+def read_model_name(req: falcon.Request, max_bytes: int) -> str:
+    """The model a `{"model": NAME}` body names (llama.cpp's POST /models/load and /models/unload)."""
+    body = read_json(req, max_bytes)
+    name = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise invalid_value("model", "`model` must name a model of this server")
+    return name

@@ -61,6 +61,11 @@ def invalid_value(param: str, message: str) -> APIError:
     return APIError(400, message, code="invalid_value", param=param)
 
 
+def model_not_found(name: str, available: str) -> APIError:
+    """404 for a `model` this server does not have; `available` says what it has."""
+    return APIError(404, f"the model '{name}' does not exist; {available}", code="model_not_found", param="model")
+
+
 def to_api_error(ex: Exception) -> APIError:
     """The client-facing form of any exception; internals are logged, never sent."""
     from app.engine import NativeError, QueueFullError, QueueTimeoutError

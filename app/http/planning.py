@@ -11,7 +11,7 @@ from app.engine import GenerationRequest, GenerationStats
 from app.model_host import ServedModel
 from app.text import fim
 
-from .errors import APIError, invalid_value
+from .errors import APIError, invalid_value, model_not_found
 from .generation_params import GenerationParams
 
 
@@ -20,8 +20,7 @@ def check_model(model: ServedModel, name: str | None) -> None:
     hard-code names such as `gpt-4o` or ExecuTorch's `executorch`) and reports its own id;
     --strict-model-name refuses other names."""
     if name is not None and name != model.id and model.strict_model_name:
-        raise APIError(404, f"the model '{name}' does not exist; this server serves '{model.id}'",
-                       code="model_not_found", param="model")
+        raise model_not_found(name, f"this server serves '{model.id}'")
 
 
 def vocab_limit(model: ServedModel) -> int:

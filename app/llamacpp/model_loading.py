@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import falcon
 
-from app.http.body import read_json
-from app.http.errors import APIError, invalid_value
+from app.http.body import read_model_name
+from app.http.errors import APIError, model_not_found
 from app.model_host import ServedModel
 
 
@@ -17,13 +17,9 @@ class ModelLoadingResource:
         self.max_body_bytes = max_body_bytes
 
     def _named(self, req: falcon.Request) -> str:
-        body = read_json(req, self.max_body_bytes)
-        name = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(name, str) or not name:
-            raise invalid_value("model", "`model` must name a model of this server")
+        name = read_model_name(req, self.max_body_bytes)
         if name != self.model.id:
-            raise APIError(404, f"the model '{name}' does not exist; this server has: {self.model.id}",
-                           code="model_not_found", param="model")
+            raise model_not_found(name, f"this server serves '{self.model.id}'")
         return name
 
     def on_post_load(self, req: falcon.Request, resp: falcon.Response) -> None:

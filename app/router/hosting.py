@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import logging
 import time
 from pathlib import Path
@@ -24,8 +23,9 @@ import falcon
 from app.anthropic import routes as anthropic_routes
 from app.auth import RequireApiKey
 from app.http import errors
-from app.http.body import read_json
-from app.http.errors import APIError
+from app.http.body import read_json, read_model_name
+from app.http.errors import APIError, model_not_found
+from app.models.manifest import read_manifest
 from app.openai import errors as openai_errors
 from app.openai.models.routes import model_card
 from app.request_id import RequestId
@@ -133,9 +133,7 @@ class Router:
         if name not in self.hosted:
             self.refresh()
         if name not in self.hosted:
-            names = ", ".join(sorted(self.hosted)) or "none"
-            raise APIError(404, f"the model '{name}' does not exist; this server has: {names}",
-                           code="model_not_found", param="model")
+            raise model_not_found(name, f"this server has: {', '.join(sorted(self.hosted)) or 'none'}")
         return self.hosted[name]
 
     # -- loading and unloading ------------------------------------------------------------------
@@ -243,24 +241,23 @@ class Router:
         """The model the request names: `model` in its JSON body (read here, then given back to the
         model's app as it came), else `?model=`; None for none. APIError for a body read_json
         refuses (too large, not JSON), in the route's own shape."""
+        ctype = (environ.get("CONTENT_TYPE") or "application/json").split(";")[0].strip().lower()
+        record = None
+        if environ.get("REQUEST_METHOD") in ("POST", "PUT", "PATCH") and (
+                ctype == "application/json" or ctype.endswith("+json")):
+            record = environ["wsgi.input"] = _Recording(environ["wsgi.input"])
         req = falcon.Request(environ)
         name = req.get_param("model") or None
-        ctype = (req.content_type or "application/json").split(";")[0].strip().lower()
-        json_body = ctype == "application/json" or ctype.endswith("+json")
-        if req.method in ("POST", "PUT", "PATCH") and json_body:
-            record = _Recording(environ["wsgi.input"])
-            environ["wsgi.input"] = record
-            req = falcon.Request(environ)
-            try:
-                body = read_json(req, self.settings.max_body_bytes)
-            finally:
-                environ["wsgi.input"] = io.BytesIO(record.data)
-                environ["CONTENT_LENGTH"] = str(len(record.data))
-                environ.pop("HTTP_TRANSFER_ENCODING", None)
-            named = body.get("model") if isinstance(body, dict) else None
-            if isinstance(named, str) and named:
-                name = named
-        return name
+        if record is None:
+            return name
+        try:
+            body = read_json(req, self.settings.max_body_bytes)
+        finally:
+            environ["wsgi.input"] = io.BytesIO(record.data)
+            environ["CONTENT_LENGTH"] = str(len(record.data))
+            environ.pop("HTTP_TRANSFER_ENCODING", None)
+        named = body.get("model") if isinstance(body, dict) else None
+        return named if isinstance(named, str) and named else name
 
     # -- the router's own routes ----------------------------------------------------------------
 
@@ -322,10 +319,7 @@ class _Recording:
 
 def _manifest_context(directory: Path) -> int | None:
     """The context an unloaded model was built with, from its etserve.json (None without one)."""
-    try:
-        value = json.loads((directory / "etserve.json").read_text()).get("max_seq_len")
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = (read_manifest(directory) or {}).get("max_seq_len")
     return value if isinstance(value, int) and value > 0 else None
 
 
@@ -369,10 +363,7 @@ class _Load:
         self.router, self.load = router, load
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = read_json(req, self.router.settings.max_body_bytes)
-        name = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(name, str) or not name:
-            raise errors.invalid_value("model", "`model` must name a model of this server")
+        name = read_model_name(req, self.router.settings.max_body_bytes)
         hosted = self.router.lookup(name)
         if self.load:
             self.router.acquire(hosted)

@@ -6,7 +6,7 @@ import time
 
 import falcon
 
-from app.http.errors import APIError
+from app.http.errors import model_not_found
 from app.model_host import ServedModel
 
 
@@ -48,5 +48,5 @@ class ModelsResource:
 
     def on_get_one(self, req: falcon.Request, resp: falcon.Response, model_id: str) -> None:
         if model_id != self.model.id:
-            raise APIError(404, f"the model '{model_id}' does not exist", code="model_not_found", param="model")
+            raise model_not_found(model_id, f"this server serves '{self.model.id}'")
         resp.media = model_card(self.model, self.created)
