@@ -30,10 +30,19 @@ class Named:
 Event = Union[dict[str, Any], Named]
 
 
+# Characters JSON may carry raw that many SSE clients take for line ends: str.splitlines() does
+# (requests' iter_lines(decode_unicode=True), Python SSE parsers built on it), and so do some
+# JavaScript line readers. Escaped, the JSON means the same and every reader sees one line.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def event(payload: Event) -> bytes:
     if isinstance(payload, Named):
         return b"event: " + payload.name.encode() + b"\n" + event(payload.data)
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+    text = json.dumps(payload, ensure_ascii=False)
+    if not text.isascii():
+        text = text.translate(_LINE_BREAKERS)
+    return b"data: " + text.encode("utf-8") + b"\n\n"
 
 
 def sse_stream(events: Iterator[Event], *, error_event: Callable[[Exception], Event], keepalive: float = 0.0,
@@ -94,6 +103,7 @@ def _closing(body: Iterator[bytes], on_abandon: Callable[[], None] | None) -> It
 
 
 _END = object()
+PRODUCER_WAIT_S = 30.0  # longest an abandoned stream's close waits for its generation's last step
 
 
 def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable[[], None] | None,
@@ -105,6 +115,9 @@ def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable
     pool): when the client leaves, `on_abandon` cancels the request, and the
     engine stops at its next token or prefill chunk, which ends the producer.
     The queue is unbounded, so a producer whose reader left never blocks.
+    Closing this body waits for the producer to end (up to PRODUCER_WAIT_S):
+    a closed body means its request no longer runs, which the router counts on
+    before it frees a model, and the request log gets the generation's figures.
     """
     import gevent
     from gevent.queue import Empty, Queue
@@ -118,7 +131,7 @@ def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable
         finally:
             chunks.put(_END)
 
-    gevent.spawn(produce)
+    producer = gevent.spawn(produce)
     finished = False
     try:
         while True:
@@ -132,5 +145,7 @@ def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable
                 return
             yield chunk
     finally:
-        if not finished and on_abandon is not None:
-            on_abandon()
+        if not finished:
+            if on_abandon is not None:
+                on_abandon()
+            producer.join(timeout=PRODUCER_WAIT_S)

@@ -38,6 +38,7 @@ log = logging.getLogger("etserve")
 
 ERROR_KEY = "etserve.router.error"  # the environ key of an error the router answers itself
 POLL_S = 0.05  # how often a request waiting for a load or an idle model looks again
+IDLE_WAIT_S = 30.0  # longest an unload waits for the model's last step (a token, or a prefill chunk)
 OWN_PATHS = frozenset({"/health", "/v1/models", "/models", "/models/load", "/models/unload"})
 
 
@@ -52,9 +53,12 @@ class Hosted:
     busy: int = 0  # requests in flight (the router's count: from hand-over to the response's close)
     last_used: float = 0.0
     error: str | None = None  # why its last load failed (no paths)
+    unloading: bool = False  # its runtime is being freed (once its last step has ended)
 
     @property
     def status(self) -> str:
+        if self.unloading:
+            return "unloading"
         if self.state is None:
             return "failed" if self.error else "unloaded"
         return {"ok": "loaded"}.get(self.state.status, self.state.status)  # loading, failed
@@ -154,11 +158,13 @@ class Router:
                 hosted.app = hosted.state = None
                 raise APIError(503, f"the model '{hosted.name}' failed to load: {hosted.error}",
                                code="model_failed", headers={"Retry-After": "5"})
-            if status != "loading":  # unloaded, or failed before: (try to) load it
+            if status not in ("loading", "unloading"):  # unloaded, or failed before: (try to) load it
                 plan = self._plan(hosted)
-                if plan is not None:
+                if plan:
                     for name in plan:
                         self.unload(self.hosted[name])
+                    continue  # unloading may wait: what others did meanwhile is planned with again
+                if plan is not None:
                     self._load(hosted)
                     continue
                 if self._clock() >= deadline:
@@ -172,7 +178,8 @@ class Router:
         hosted.last_used = self._clock()
 
     def _plan(self, hosted: Hosted) -> list[str] | None:
-        loaded = [Loaded(h.name, catalog.size_of(h.directory), h.busy + (h.status == "loading"), h.last_used)
+        loaded = [Loaded(h.name, catalog.size_of(h.directory), h.busy + (h.status in ("loading", "unloading")),
+                         h.last_used)
                   for h in self.hosted.values() if h.state is not None]
         try:
             return evictions(loaded, catalog.size_of(hosted.directory), self.settings.models_max, self.max_bytes)
@@ -190,12 +197,27 @@ class Router:
         hosted.app, hosted.state = self._model_app(settings)
 
     def unload(self, hosted: Hosted) -> None:
-        """Let an idle model go: its session states reach --session-dir, its runtime is freed."""
-        state, hosted.app, hosted.state = hosted.state, None, None
-        model = getattr(state, "model", None)
-        if model is not None:
-            model.engine.flush_sessions(10.0)
-            model.engine.model.close()
+        """Let an idle model go: its session states reach --session-dir, its runtime is freed.
+        Meanwhile it is `unloading`: requests for it wait, and it keeps its room."""
+        if hosted.unloading or hosted.state is None:
+            return
+        hosted.unloading = True
+        try:
+            model = getattr(hosted.state, "model", None)
+            if model is not None:
+                engine = model.engine
+                # its last request's response may have closed with that request's step still
+                # running in the native thread pool (it ends at its next token): freeing the runtime
+                # under it killed the worker
+                if engine.wait_idle(IDLE_WAIT_S):
+                    engine.flush_sessions(10.0)
+                    engine.model.close()
+                else:
+                    log.error("model '%s' still runs a request after %.0f s: its runtime is left in memory",
+                              hosted.name, IDLE_WAIT_S)
+            hosted.app = hosted.state = None
+        finally:
+            hosted.unloading = False
         log.info("unloaded model '%s'", hosted.name)
 
     def flush(self, timeout: float) -> bool:
@@ -369,7 +391,7 @@ class _Load:
             self.router.acquire(hosted)
             self.router.release(hosted)
         elif hosted.state is not None:
-            if hosted.busy or hosted.status == "loading":
+            if hosted.busy or hosted.status in ("loading", "unloading"):
                 raise APIError(409, f"the model '{name}' is busy; unload it when its requests have ended",
                                code="model_busy", headers={"Retry-After": "1"})
             self.router.unload(hosted)

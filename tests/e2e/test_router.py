@@ -124,6 +124,8 @@ def test_a_busy_model_keeps_its_place_until_its_request_ends(router, qwen_dir):
     assert r.status_code == 503 and r.json()["error"]["code"] == "models_busy", r.text
     assert time.monotonic() - started >= 2.5
     assert statuses(router)["qwen"] == "loaded" and router.health()["models"]["qwen"]["busy"] == 1
+    # meanwhile Qwen itself still serves
+    assert complete(router, "qwen").status_code == 200
     stream.close()  # the client leaves: its decoding stops, the model is free
     deadline = time.monotonic() + 30
     while router.health()["models"]["qwen"]["busy"] and time.monotonic() < deadline:

@@ -70,3 +70,15 @@ def test_prefix_reuse_gives_the_same_text(served_model):
         engine.prefix_reuse = True
     assert cold_stats.cached_tokens == 0
     assert warm == cold
+
+
+def test_idle_only_once_a_generation_has_let_go(served_model):
+    # what the router waits for before it frees a model's runtime
+    engine = served_model.engine
+    assert engine.idle and engine.wait_idle(0.1)
+    gen = engine.generate(GenerationRequest(prompt(served_model, "Write a poem."), 10, GREEDY, frozenset()))
+    next(iter(gen))  # it holds a slot now
+    assert not engine.idle
+    assert not engine.wait_idle(0.05)
+    gen.close()  # as a closed response body does
+    assert engine.idle and engine.wait_idle(0.1)

@@ -184,3 +184,18 @@ def test_a_whole_response_whose_client_left_is_cancelled(fake, client):
     request.result()
     server_end.close()
     assert fake.runtime.forward_calls < 10
+
+
+def test_unicode_line_separators_stay_inside_their_data_line(fake, client):
+    # U+2028, U+2029 and NEL are legal raw in JSON, but str.splitlines() (requests'
+    # iter_lines(decode_unicode=True)) and some JavaScript readers end a line at them: a stream
+    # carrying them raw reached a client as a data line cut in two
+    text = "a\u2028b\u2029c\x85d é"
+    fake.script.reply("Hello", ["a\u2028b", "\u2029c", "\x85d", " é"])
+    streamed = chat(client, stream=True)
+    assert streamed.status_code == 200
+    lines = [ln for ln in streamed.text.splitlines() if ln]  # str.splitlines, as those readers split
+    assert all(ln.startswith("data: ") for ln in lines), lines
+    chunks = [json.loads(ln[6:]) for ln in lines if ln != "data: [DONE]"]
+    assert content(chunks) == text
+    assert "é" in streamed.text  # other non-ASCII text still goes as UTF-8, unescaped
