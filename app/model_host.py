@@ -110,14 +110,14 @@ def load_served_model(settings: Settings) -> ServedModel:
     tokenizer_json, tokenizer_config = resolve_tokenizer_files(settings, directory)
     set_num_threads(settings.threads)
     native = faults.from_env(NativeModel(pte))  # unchanged unless a test sets ETSERVE_FAULT_INJECT
-    if manifest is not None and pte.name in manifest["files"]:
-        try:
+    try:  # a model that fails past this point frees its runtime (the router may try it again)
+        if manifest is not None and pte.name in manifest["files"]:
             check_program(manifest, pte, native.info.max_seq_len, native.info.vocab_size)
-        except ValueError:
-            native.close()
-            raise
-    _log_refused_huge_pages(native)
-    served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config, manifest, pte)
+        _log_refused_huge_pages(native)
+        served = serve_model(settings, native, directory, tokenizer_json, tokenizer_config, manifest, pte)
+    except BaseException:
+        native.close()
+        raise
     log.info("loaded %s from %s: context %d, vocab %d, stop ids %s", served.id, pte,
              served.context_length, served.vocab_size, sorted(served.stop_token_ids))
     return served

@@ -213,8 +213,9 @@ class Router:
                     engine.flush_sessions(10.0)
                     engine.model.close()
                 else:
-                    log.error("model '%s' still runs a request after %.0f s: its runtime is left in memory",
-                              hosted.name, IDLE_WAIT_S)
+                    # not freed under it: the runtime goes with the last reference, once that ends
+                    log.error("model '%s' still runs a request after %.0f s: its runtime is freed when "
+                              "that request ends", hosted.name, IDLE_WAIT_S)
             hosted.app = hosted.state = None
         finally:
             hosted.unloading = False

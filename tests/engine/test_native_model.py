@@ -195,3 +195,30 @@ def test_the_models_memory_is_in_huge_pages(model_dir, prompt_ids):
         pytest.skip(f"the kernel refused MADV_COLLAPSE ({errno.errorcode[after.collapse_refused]})")
     assert after.loaded_huge >= 64 << 20, after  # of the test model's 540 MB of fp32 weights
     assert out["finite"]  # still a working model over those pages
+
+
+def test_a_model_that_fails_past_its_runtime_frees_it(model_dir, tmp_path, monkeypatch):
+    # the router tries a failed model again on its next request: each try left a runtime behind
+    # until the garbage collector found it
+    import shutil
+
+    import app.model_host as host
+    from app.settings import Settings
+
+    broken = tmp_path / "bad-tokenizer"
+    broken.mkdir()
+    (broken / "model.pte").symlink_to(model_dir / "model.pte")
+    shutil.copy(model_dir / "tokenizer_config.json", broken / "tokenizer_config.json")
+    (broken / "tokenizer.json").write_text("{not a tokenizer")
+    opened = []
+
+    class Recorded(NativeModel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    monkeypatch.setattr(host, "NativeModel", Recorded)
+    with pytest.raises(Exception):
+        host.load_served_model(Settings.from_env({"ETSERVE_MODEL_PATH": str(broken), "ETSERVE_THREADS": "2"}))
+    assert len(opened) == 1  # it failed past the runtime's creation
+    assert opened[0]._handle is None  # and freed it at once
