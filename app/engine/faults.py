@@ -4,6 +4,7 @@ Off unless the environment sets ETSERVE_FAULT_INJECT (only the tests do):
 
     ETSERVE_FAULT_INJECT=forward_fail_on_token:ID
     ETSERVE_FAULT_INJECT=slow_session_writes:SECONDS
+    ETSERVE_FAULT_INJECT=slow_forward:SECONDS
 
 forward_fail_on_token: every forward call whose tokens include ID first overwrites
 the KV cache from position 0 with other tokens (a failed native call may leave the
@@ -13,6 +14,10 @@ returns shows whether the engine dropped its cached prefix.
 
 slow_session_writes: each --session-dir file takes SECONDS longer to write (a slow
 SD card), so a test can stop the server while a state is still being written.
+
+slow_forward: each forward call waits SECONDS (in the thread that runs it) before the
+runtime computes, so a test can act while a step is surely under way (free a model under
+it, say).
 """
 
 from __future__ import annotations
@@ -47,6 +52,36 @@ class FaultInjectingModel:
         self._model.forward(tokens, start_pos)
 
 
+class SlowForwardModel:
+    """A NativeModel whose forward calls start SECONDS late, in the calling thread."""
+
+    def __init__(self, model, seconds: float):
+        self._model = model
+        self._seconds = seconds
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def _wait(self) -> None:
+        import time
+
+        try:  # the thread pool's thread itself waits (gevent's sleep would hand it to a hub)
+            from gevent import monkey
+
+            sleep = monkey.get_original("time", "sleep")
+        except ImportError:
+            sleep = time.sleep
+        sleep(self._seconds)
+
+    def forward(self, tokens: Sequence[int], start_pos: int) -> None:
+        self._wait()
+        self._model.forward(tokens, start_pos)
+
+    def forward_rows(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> None:
+        self._wait()
+        self._model.forward_rows(tokens, positions, slots)
+
+
 def _spec(environ) -> tuple[str, str]:
     spec = environ.get(ENV, "")
     if not spec:
@@ -54,18 +89,22 @@ def _spec(environ) -> tuple[str, str]:
     kind, _, arg = spec.partition(":")
     if kind == "forward_fail_on_token" and arg.isdigit():
         return kind, arg
-    if kind == "slow_session_writes":
+    if kind in ("slow_session_writes", "slow_forward"):
         try:
             if float(arg) >= 0:
                 return kind, arg
         except ValueError:
             pass
-    raise ValueError(f"{ENV} must be forward_fail_on_token:ID or slow_session_writes:SECONDS, got {spec!r}")
+    raise ValueError(f"{ENV} must be forward_fail_on_token:ID, slow_session_writes:SECONDS or "
+                     f"slow_forward:SECONDS, got {spec!r}")
 
 
 def from_env(model, environ=os.environ):
     """`model`, wrapped when ETSERVE_FAULT_INJECT asks for a forward fault."""
     kind, arg = _spec(environ)
+    if kind == "slow_forward":
+        log.warning("TEST-ONLY fault injection is on: forward calls start %s s late", arg)
+        return SlowForwardModel(model, float(arg))
     if kind != "forward_fail_on_token":
         return model
     log.warning("TEST-ONLY fault injection is on: forward calls with token %s fail", arg)

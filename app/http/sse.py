@@ -117,7 +117,7 @@ def _with_keepalive(body: Iterator[bytes], interval: float, on_abandon: Callable
     The queue is unbounded, so a producer whose reader left never blocks.
     Closing this body waits for the producer to end (up to PRODUCER_WAIT_S):
     a closed body means its request no longer runs, which the router counts on
-    before it frees a model, and the request log gets the generation's figures.
+    before it frees a model.
     """
     import gevent
     from gevent.queue import Empty, Queue
