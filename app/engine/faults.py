@@ -32,15 +32,22 @@ ENV = "ETSERVE_FAULT_INJECT"
 log = logging.getLogger("etserve")
 
 
-class FaultInjectingModel:
-    """A NativeModel whose forward fails on one token id; everything else is the model's own."""
+class _Wrapped:
+    """A NativeModel with some calls of its own; everything else is the model's."""
 
-    def __init__(self, model, fail_on_token: int):
+    def __init__(self, model):
         self._model = model
-        self._fail_on_token = fail_on_token
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
+
+
+class FaultInjectingModel(_Wrapped):
+    """A NativeModel whose forward fails on one token id."""
+
+    def __init__(self, model, fail_on_token: int):
+        super().__init__(model)
+        self._fail_on_token = fail_on_token
 
     def forward(self, tokens: Sequence[int], start_pos: int) -> None:
         if self._fail_on_token in tokens:
@@ -52,15 +59,12 @@ class FaultInjectingModel:
         self._model.forward(tokens, start_pos)
 
 
-class SlowForwardModel:
+class SlowForwardModel(_Wrapped):
     """A NativeModel whose forward calls start SECONDS late, in the calling thread."""
 
     def __init__(self, model, seconds: float):
-        self._model = model
+        super().__init__(model)
         self._seconds = seconds
-
-    def __getattr__(self, name: str):
-        return getattr(self._model, name)
 
     def _wait(self) -> None:
         import time
