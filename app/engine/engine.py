@@ -325,6 +325,23 @@ class Engine:
     def steps(self) -> StepGate:
         return self._gate
 
+    @property
+    def idle(self) -> bool:
+        """No request holds or waits for a slot and no step runs: the runtime may be freed."""
+        return not (self.slot_table.busy or self.slot_table.waiting or self._gate.holder is not None
+                    or self._gate.waiting)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (polling; a gevent sleep under the server) until `idle`; False if it was not in
+        `timeout` seconds. A response's body can close while its request's last step still runs in
+        the native thread pool: whoever frees the runtime waits here first."""
+        deadline = time.monotonic() + timeout
+        while not self.idle:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
     def check_fits(self, prompt_tokens: int) -> None:
         if prompt_tokens >= self.context_length:
             raise ContextLengthError(prompt_tokens, self.context_length)
@@ -758,23 +775,6 @@ class Engine:
         return TokenEvent(token, logprob, top), rng
 
     # -- sessions
-    @property
-    def idle(self) -> bool:
-        """No request holds or waits for a slot and no step runs: the runtime may be freed."""
-        return not (self.slot_table.busy or self.slot_table.waiting or self._gate.holder is not None
-                    or self._gate.waiting)
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait (polling; a gevent sleep under the server) until `idle`; False if it was not in
-        `timeout` seconds. A response's body can close while its request's last step still runs in
-        the native thread pool: whoever frees the runtime waits here first."""
-        deadline = time.monotonic() + timeout
-        while not self.idle:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
     def flush_sessions(self, timeout: float | None) -> bool:
         """At worker exit: wait until the session states queued for --session-dir are on disk
         (they are written in the background after each generation). False if some were not in

@@ -65,17 +65,17 @@ class SlowForwardModel(_Wrapped):
     def __init__(self, model, seconds: float):
         super().__init__(model)
         self._seconds = seconds
-
-    def _wait(self) -> None:
-        import time
-
         try:  # the thread pool's thread itself waits (gevent's sleep would hand it to a hub)
             from gevent import monkey
 
-            sleep = monkey.get_original("time", "sleep")
+            self._sleep = monkey.get_original("time", "sleep")
         except ImportError:
-            sleep = time.sleep
-        sleep(self._seconds)
+            import time
+
+            self._sleep = time.sleep
+
+    def _wait(self) -> None:
+        self._sleep(self._seconds)
 
     def forward(self, tokens: Sequence[int], start_pos: int) -> None:
         self._wait()

@@ -63,6 +63,11 @@ class Hosted:
             return "failed" if self.error else "unloaded"
         return {"ok": "loaded"}.get(self.state.status, self.state.status)  # loading, failed
 
+    @property
+    def changing(self) -> bool:
+        """Loading or unloading: requests for it wait, and it keeps its room."""
+        return self.status in ("loading", "unloading")
+
 
 class _Released:
     """A response's body whose close() also ends the request's hold on its model."""
@@ -158,7 +163,7 @@ class Router:
                 hosted.app = hosted.state = None
                 raise APIError(503, f"the model '{hosted.name}' failed to load: {hosted.error}",
                                code="model_failed", headers={"Retry-After": "5"})
-            if status not in ("loading", "unloading"):  # unloaded, or failed before: (try to) load it
+            if not hosted.changing:  # unloaded, or failed before: (try to) load it
                 plan = self._plan(hosted)
                 if plan:
                     for name in plan:
@@ -178,8 +183,7 @@ class Router:
         hosted.last_used = self._clock()
 
     def _plan(self, hosted: Hosted) -> list[str] | None:
-        loaded = [Loaded(h.name, catalog.size_of(h.directory), h.busy + (h.status in ("loading", "unloading")),
-                         h.last_used)
+        loaded = [Loaded(h.name, catalog.size_of(h.directory), h.busy + h.changing, h.last_used)
                   for h in self.hosted.values() if h.state is not None]
         try:
             return evictions(loaded, catalog.size_of(hosted.directory), self.settings.models_max, self.max_bytes)
@@ -392,7 +396,7 @@ class _Load:
             self.router.acquire(hosted)
             self.router.release(hosted)
         elif hosted.state is not None:
-            if hosted.busy or hosted.status in ("loading", "unloading"):
+            if hosted.busy or hosted.changing:
                 raise APIError(409, f"the model '{name}' is busy; unload it when its requests have ended",
                                code="model_busy", headers={"Retry-After": "1"})
             self.router.unload(hosted)
