@@ -11,13 +11,12 @@
 // most 8 query heads per kv head, head dim 64 or 128), whose weights are 8-bit per 64-key block,
 // 0.3 (test_llm_ops.py checks that kernel exactly against an emulation of its rounding); for the
 // linear, a few float32 ulps of its largest partial sums; on aarch64 the NEON sets' linear is
-// also compared with the scalar set's, bit for bit.
+// also compared with the scalar set's, bit for bit. The sampler's reductions over a vocabulary
+// (max, the sum of exponentials, the weights at a temperature): 1e-6 of each term and of the sum.
 #include "attention.h"
 #include "kernel_isa.h"
+#include "kernel_table.h"  // vec:: (the sampler's reductions); on aarch64 the scalar set's linear_q4
 #include "linear_q4.h"
-#if defined(__aarch64__)
-#include "kernel_table.h"  // the scalar set's linear_q4, which the NEON sets match bit for bit
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -266,6 +265,39 @@ bool check_linear(int M, int K, int N, bool with_bias) {
   return ok;
 }
 
+// The sampler's reductions (kernel_table.h's vec::, the chosen tier's) over n logits with some
+// banned (-inf) and some far below the best, against float64: max_of exact, sum_exp_shift and
+// exp_weights (temperature 1 / s) to 1e-6 relative, per weight and in the sum, weights whose
+// argument is below -87 exactly 0.
+bool check_sampler(int n, float s, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> x(n), w(n, NAN);
+  for (float& v : x) v = r.normal() * 4.f;
+  for (int i = 0; i < n; i += 17) x[i] = -INFINITY;
+  for (int i = 5; i < n; i += 29) x[i] = -200.f;
+  double best = -INFINITY;
+  for (float v : x) best = std::max(best, double(v));
+  const float mx = etserve::vec::max_of(x.data(), n);
+  double ref_sum = 0, ref_w = 0, worst = 0;
+  for (int i = 0; i < n; ++i) ref_sum += std::exp(double(x[i]) - mx);
+  const double sum = etserve::vec::sum_exp_shift(x.data(), n, mx);
+  const double total = etserve::vec::exp_weights(x.data(), w.data(), n, mx, s);
+  bool ok = mx == best && std::fabs(sum - ref_sum) <= 1e-6 * ref_sum;
+  for (int i = 0; i < n; ++i) {
+    const float a = (x[i] - mx) * s;
+    const double e = a >= -87.0f ? std::exp(double(a)) : 0.0;
+    ref_w += e;
+    const double err = std::fabs(double(w[i]) - e);
+    worst = std::isnan(err) ? INFINITY : std::max(worst, err / std::max(e, 1e-300));
+    ok = ok && err <= 1e-6 * e;
+  }
+  ok = ok && std::fabs(total - ref_w) <= 1e-6 * ref_w;
+  if (!ok || g_verbose)
+    std::printf("%s sampler n%d s%g: max %g (best %g), sum %.9g (%.9g), weights' sum %.9g (%.9g), worst %.3g\n",
+                ok ? "ok  " : "FAIL", n, double(s), double(mx), best, sum, ref_sum, total, ref_w, worst);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -291,6 +323,9 @@ int main(int argc, char** argv) {
       {3, 64, 8, false},   {16, 160, 32, true},  {37, 896, 52, false}, {128, 4864, 48, true},
   };
   for (const auto& l : kLayers) count(check_linear(l.m, l.k, l.n, l.bias));
+  // a few logits (the vectors' tails), SmolLM2's and Qwen2's vocabularies; temperatures 1, 0.7, 1.5
+  const struct { int n; float s; } kVocabs[] = {{3, 1.f}, {13, 1.f / 0.7f}, {49152, 1.f}, {151936, 1.f / 1.5f}};
+  for (const auto& v : kVocabs) count(check_sampler(v.n, v.s, seed++));
   std::printf("kernel_check (%s kernels): %d cases, %d failed\n", etserve::kernel_isa(), cases, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -14,7 +14,7 @@
 
 #if defined(ETS_NEON)
 
-#include "simd.h"  // the exp constants
+#include "simd.h"  // simd_neon.h: exp4, add_max
 
 #include <arm_neon.h>
 
@@ -24,6 +24,9 @@
 namespace etserve {
 
 namespace {
+
+using simd::neon::add_max;
+using simd::neon::exp4;
 
 constexpr int64_t kBlock = 64;  // keys per block: its scores stay in L1
 constexpr int64_t kAhead = 2;   // blocks between the rows prefetched and the rows worked
@@ -43,21 +46,6 @@ Scratch& scratch() {
   return s;
 }
 
-// e^x for x <= 0 (or -inf: ~1e-38), as simd.h's exp256: x = n ln2 + r, a degree-6 polynomial
-// for e^r, 2^n through the exponent bits.
-inline float32x4_t exp4(float32x4_t x) {
-  using namespace simd;
-  x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(kExpMin)), vdupq_n_f32(kExpMax));
-  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(kLog2e)));
-  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(kLn2Hi));
-  r = vfmsq_f32(r, n, vdupq_n_f32(kLn2Lo));
-  float32x4_t p = vdupq_n_f32(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = vfmaq_f32(vdupq_n_f32(kExpPoly[i]), p, r);
-  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.f)), p, vmulq_f32(r, r));
-  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-  return vmulq_f32(p, vreinterpretq_f32_s32(e));
-}
-
 // 16 int8 -> four vectors of 4 floats.
 inline void cvt16(const int8_t* p, float32x4_t f[4]) {
   const int8x16_t b = vld1q_s8(p);
@@ -66,26 +54,6 @@ inline void cvt16(const int8_t* p, float32x4_t f[4]) {
   f[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
   f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
   f[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
-}
-
-// Adds m[0..n) to p (if m) and returns max(p) (-inf for n == 0).
-inline float add_max(float* p, const float* m, int64_t n) {
-  float32x4_t vm = vdupq_n_f32(-INFINITY);
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    float32x4_t x = vld1q_f32(p + j);
-    if (m) {
-      x = vaddq_f32(x, vld1q_f32(m + j));
-      vst1q_f32(p + j, x);
-    }
-    vm = vmaxq_f32(vm, x);
-  }
-  float mx = vmaxvq_f32(vm);
-  for (; j < n; ++j) {
-    if (m) p[j] += m[j];
-    mx = std::max(mx, p[j]);
-  }
-  return mx;
 }
 
 // Block [jb, jb + len) of kv head g for its G query heads (state at t0 = g * G).

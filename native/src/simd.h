@@ -1,12 +1,15 @@
 // Vector helpers over contiguous floats for etserve's attention kernels
 // (attention.cpp): dot products, masked max, exp-and-sum, weighted sums of
 // value rows; and the sampler's exp sums over a vocabulary (sampler.cpp).
-// AVX2+FMA when the compiler targets it, scalar otherwise.
+// AVX2+FMA when the compiler targets it, Advanced SIMD in the aarch64 NEON kernel sets
+// (simd_neon.h), scalar otherwise.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "isa.h"  // ETS_NEON
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -30,6 +33,18 @@ constexpr float kExpMin = -87.0f, kExpMax = 88.0f;
 constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+}  // namespace etserve::simd
+
+#if defined(ETS_NEON)
+#include "simd_neon.h"
+// Each helper below hands over to its NEON version first.
+#define ETS_NEON_IMPL(call) return neon::call
+#else
+#define ETS_NEON_IMPL(call)
+#endif
+
+namespace etserve::simd {
 
 #if defined(__AVX512F__)  // even without ETS_AVX2: attention_amx.cpp adds AVX-512 to any -march
 // e^x, x <= 0 or -inf (-> ~1e-38): exp256 on 16 lanes, 2^n by vscalefps.
@@ -132,6 +147,7 @@ inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
 
 // res[r] = dot(q, k + r * ks) for r in 0..8.
 inline void dot8(const float* q, const float* k, int64_t ks, int64_t D, float* res) {
+  ETS_NEON_IMPL(dot8(q, k, ks, D, res));
   int64_t d = 0;
 #ifdef ETS_AVX512
   if (D % 16 == 0) {
@@ -184,6 +200,7 @@ inline void dot8(const float* q, const float* k, int64_t ks, int64_t D, float* r
 }
 
 inline float dot1(const float* q, const float* k, int64_t D) {
+  ETS_NEON_IMPL(dot1(q, k, D));
   int64_t d = 0;
   float s = 0;
 #ifdef ETS_AVX2
@@ -202,6 +219,7 @@ inline float dot1(const float* q, const float* k, int64_t D) {
 
 // Adds m[0..n) to p (if m) and returns max(p).
 inline float add_max(float* p, const float* m, int64_t n) {
+  ETS_NEON_IMPL(add_max(p, m, n));
   int64_t j = 0;
   float mx = -INFINITY;
 #ifdef ETS_AVX512
@@ -242,6 +260,7 @@ inline float add_max(float* p, const float* m, int64_t n) {
 
 // p[j] = exp(p[j] - mx) in place; returns the sum.
 inline float exp_shift_sum(float* p, int64_t n, float mx) {
+  ETS_NEON_IMPL(exp_shift_sum(p, n, mx));
   int64_t j = 0;
   float sum = 0;
 #ifdef ETS_AVX512
@@ -275,6 +294,7 @@ inline float exp_shift_sum(float* p, int64_t n, float mx) {
 // o[0..D) += sum_j p[j] * v(j)[0..D), v(j) = v + j * vs.
 inline void weighted_acc(const float* p, int64_t n, const float* v, int64_t vs,
                          int64_t D, float* o) {
+  ETS_NEON_IMPL(weighted_acc(p, n, v, vs, D, o));
   int64_t d = 0;
 #ifdef ETS_AVX512
   // Even and odd rows into two sets of accumulators: eight independent FMA chains, not
@@ -374,6 +394,7 @@ inline void weighted_acc(const float* p, int64_t n, const float* v, int64_t vs,
 // o1 += sum_j p1[j] v(j), each value row loaded once for both.
 inline void weighted_acc2(const float* p0, const float* p1, int64_t n, const float* v, int64_t vs,
                           int64_t D, float* o0, float* o1) {
+  ETS_NEON_IMPL(weighted_acc2(p0, p1, n, v, vs, D, o0, o1));
 #ifdef ETS_AVX512
   if (D % 64 == 0) {
     for (int64_t d = 0; d < D; d += 64) {
@@ -446,6 +467,7 @@ inline __m512 exact_scores16(__m512i dot, __m512i Q, __m512i qz, __m512i a, __m5
 
 // dst[0..n) = (x[0..n) - zero_point) * scale: one int8 row dequantized.
 inline void dequant_row(const int8_t* x, int64_t n, float scale, int32_t zero_point, float* dst) {
+  ETS_NEON_IMPL(dequant_row(x, n, scale, zero_point, dst));
   int64_t d = 0;
 #ifdef ETS_AVX2
   const __m256 vs = _mm256_set1_ps(scale);
@@ -463,6 +485,7 @@ inline void dequant_row(const int8_t* x, int64_t n, float scale, int32_t zero_po
 // int8 row without its scale (the attention kernel applies that to scores and
 // probabilities instead).
 inline void int8_to_float(const int8_t* x, int64_t n, int32_t zero_point, float* dst) {
+  ETS_NEON_IMPL(int8_to_float(x, n, zero_point, dst));
   int64_t d = 0;
 #ifdef ETS_AVX2
   const __m256i z = _mm256_set1_epi32(zero_point);
@@ -476,6 +499,7 @@ inline void int8_to_float(const int8_t* x, int64_t n, int32_t zero_point, float*
 
 // dst[0..n) = x[0..n) - zero_point as int16 (exact).
 inline void int8_to_int16(const int8_t* x, int64_t n, int32_t zero_point, int16_t* dst) {
+  ETS_NEON_IMPL(int8_to_int16(x, n, zero_point, dst));
   int64_t d = 0;
 #ifdef ETS_AVX2
   const __m256i z = _mm256_set1_epi16(static_cast<int16_t>(zero_point));
@@ -490,6 +514,7 @@ inline void int8_to_int16(const int8_t* x, int64_t n, int32_t zero_point, int16_
 // res[r] = dot(q, k + r * ks) for r in 0..8, exact in int32 for |q|, |k| < 2^9
 // and n <= 2^13 (products below 2^18).
 inline void dot8_i16(const int16_t* q, const int16_t* k, int64_t ks, int64_t n, int32_t* res) {
+  ETS_NEON_IMPL(dot8_i16(q, k, ks, n, res));
   int64_t d = 0;
 #ifdef ETS_AVX2
   __m256i a[8];
@@ -515,6 +540,7 @@ inline void dot8_i16(const int16_t* q, const int16_t* k, int64_t ks, int64_t n, 
 }
 
 inline int32_t dot1_i16(const int16_t* q, const int16_t* k, int64_t n) {
+  ETS_NEON_IMPL(dot1_i16(q, k, n));
   int32_t s = 0;
   for (int64_t d = 0; d < n; ++d) s += q[d] * k[d];
   return s;
@@ -522,6 +548,7 @@ inline int32_t dot1_i16(const int16_t* q, const int16_t* k, int64_t n) {
 
 // s[j] = x[j] * scale[j] * c for j < n: exact integer scores to floats.
 inline void scale_ints(const int32_t* x, const float* scale, float c, int64_t n, float* s) {
+  ETS_NEON_IMPL(scale_ints(x, scale, c, n, s));
   int64_t j = 0;
 #ifdef ETS_AVX2
   const __m256 vc = _mm256_set1_ps(c);
@@ -535,6 +562,7 @@ inline void scale_ints(const int32_t* x, const float* scale, float c, int64_t n,
 
 // out[j] = a[j] * b[j] for j < n (out may be a).
 inline void mul_elems(const float* a, const float* b, int64_t n, float* out) {
+  ETS_NEON_IMPL(mul_elems(a, b, n, out));
   int64_t j = 0;
 #ifdef ETS_AVX2
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)));
@@ -544,6 +572,7 @@ inline void mul_elems(const float* a, const float* b, int64_t n, float* out) {
 
 // x[0..n) *= s.
 inline void scale_row(float* x, int64_t n, float s) {
+  ETS_NEON_IMPL(scale_row(x, n, s));
   int64_t d = 0;
 #ifdef ETS_AVX2
   const __m256 vs = _mm256_set1_ps(s);
@@ -572,6 +601,7 @@ inline double hsum_pd(__m256d lo, __m256d hi) {
 
 // Sum of exp(x[j] - mx), x unchanged (mx = max(x): every term is in (0, 1]).
 inline double sum_exp_shift(const float* x, int64_t n, float mx) {
+  ETS_NEON_IMPL(sum_exp_shift(x, n, mx));
   int64_t j = 0;
   double sum = 0;
 #ifdef ETS_AVX2
@@ -588,6 +618,7 @@ inline double sum_exp_shift(const float* x, int64_t n, float mx) {
 // banned, masked or negligible token: e^-87 is 1.6e-38 of the best one's weight) or NaN;
 // returns the sum of w.
 inline double exp_weights(const float* x, float* w, int64_t n, float mx, float s) {
+  ETS_NEON_IMPL(exp_weights(x, w, n, mx, s));
   int64_t j = 0;
   double sum = 0;
 #ifdef ETS_AVX2
@@ -610,3 +641,5 @@ inline double exp_weights(const float* x, float* w, int64_t n, float mx, float s
 }
 
 }  // namespace etserve::simd
+
+#undef ETS_NEON_IMPL
