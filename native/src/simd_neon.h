@@ -37,19 +37,28 @@ inline int32x4_t hsum4x4(int32x4_t a0, int32x4_t a1, int32x4_t a2, int32x4_t a3)
   return vpaddq_s32(vpaddq_s32(a0, a1), vpaddq_s32(a2, a3));
 }
 
-inline void dot8(const float* q, const float* k, int64_t ks, int64_t D, float* res) {
-  float32x4_t a[8];
-  for (int r = 0; r < 8; ++r) a[r] = vdupq_n_f32(0.f);
+inline void store4(float* p, float32x4_t v) { vst1q_f32(p, v); }
+inline void store4(int32_t* p, int32x4_t v) { vst1q_s32(p, v); }
+
+// res[r] = sum_d q[d] k[r ks + d] for 8 rows: Step elements at a time into one accumulator per
+// row (mac), their totals by pairwise adds, the rest one by one.
+template <int Step, typename V, typename T, typename R, typename Mac>
+inline void dot8_rows(const T* q, const T* k, int64_t ks, int64_t n, R* res, V zero, Mac mac) {
+  V a[8];
+  for (int r = 0; r < 8; ++r) a[r] = zero;
   int64_t d = 0;
-  for (; d + 4 <= D; d += 4) {
-    const float32x4_t qv = vld1q_f32(q + d);
+  for (; d + Step <= n; d += Step)
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) a[r] = vfmaq_f32(a[r], qv, vld1q_f32(k + r * ks + d));
-  }
-  vst1q_f32(res, hsum4x4(a[0], a[1], a[2], a[3]));
-  vst1q_f32(res + 4, hsum4x4(a[4], a[5], a[6], a[7]));
-  for (; d < D; ++d)
+    for (int r = 0; r < 8; ++r) a[r] = mac(a[r], q + d, k + r * ks + d);
+  store4(res, hsum4x4(a[0], a[1], a[2], a[3]));
+  store4(res + 4, hsum4x4(a[4], a[5], a[6], a[7]));
+  for (; d < n; ++d)
     for (int r = 0; r < 8; ++r) res[r] += q[d] * k[r * ks + d];
+}
+
+inline void dot8(const float* q, const float* k, int64_t ks, int64_t D, float* res) {
+  dot8_rows<4>(q, k, ks, D, res, vdupq_n_f32(0.f),
+               [](float32x4_t a, const float* x, const float* y) { return vfmaq_f32(a, vld1q_f32(x), vld1q_f32(y)); });
 }
 
 inline float dot1(const float* q, const float* k, int64_t D) {
@@ -194,22 +203,10 @@ inline void int8_to_int16(const int8_t* x, int64_t n, int32_t zero_point, int16_
 
 // Exact: int16 products widened into int32 lanes (vmlal).
 inline void dot8_i16(const int16_t* q, const int16_t* k, int64_t ks, int64_t n, int32_t* res) {
-  int32x4_t a[8];
-  for (int r = 0; r < 8; ++r) a[r] = vdupq_n_s32(0);
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    const int16x8_t qv = vld1q_s16(q + d);
-    const int16x4_t ql = vget_low_s16(qv);
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      const int16x8_t kv = vld1q_s16(k + r * ks + d);
-      a[r] = vmlal_high_s16(vmlal_s16(a[r], ql, vget_low_s16(kv)), qv, kv);
-    }
-  }
-  vst1q_s32(res, hsum4x4(a[0], a[1], a[2], a[3]));
-  vst1q_s32(res + 4, hsum4x4(a[4], a[5], a[6], a[7]));
-  for (; d < n; ++d)
-    for (int r = 0; r < 8; ++r) res[r] += q[d] * k[r * ks + d];
+  dot8_rows<8>(q, k, ks, n, res, vdupq_n_s32(0), [](int32x4_t a, const int16_t* x, const int16_t* y) {
+    const int16x8_t xv = vld1q_s16(x), yv = vld1q_s16(y);
+    return vmlal_high_s16(vmlal_s16(a, vget_low_s16(xv), vget_low_s16(yv)), xv, yv);
+  });
 }
 
 inline int32_t dot1_i16(const int16_t* q, const int16_t* k, int64_t n) {
