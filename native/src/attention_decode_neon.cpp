@@ -6,9 +6,9 @@
 // k_scale * (q . k8 - k_zp * sum(q)); an online softmax per head with a Cephes-style exp; the
 // weights p * v_scale against the value rows converted in registers (8 dims at a time, all G
 // heads' sums in registers), less one correction per block and head, sum(p * v_scale * v_zp).
-// Rows kAhead blocks on are prefetched while a block is worked. The integer dot products of
-// the dotprod tier are not used here (the AVX2 kernel's float path is what the kernel tests
-// bound; an exact int8 score path as the VNNI one is left to do).
+// Rows kAhead blocks on are prefetched while a block is worked. On the dotprod tier (ARMv8.2
+// SDOT) the scores of int8 queries are exact instead, as the AVX2 kernel's: integer dot products
+// of the raw rows, the zero points subtracted in int32.
 #include "attention_decode.h"
 #include "isa.h"
 
@@ -27,6 +27,7 @@ namespace {
 
 using simd::neon::add_max;
 using simd::neon::exp4;
+using simd::neon::hsum4x4;
 
 constexpr int64_t kBlock = 64;  // keys per block: its scores stay in L1
 constexpr int64_t kAhead = 2;   // blocks between the rows prefetched and the rows worked
@@ -39,6 +40,16 @@ struct alignas(64) Scratch {
   float s[kMaxG * kBlock];  // one kv head's block: scores, then weights
   float ksc[kBlock], kzp[kBlock], vsc[kBlock], vzp[kBlock];
   float zc[kMaxG];
+#if defined(ETS_NEON_DOTPROD)
+  // exact scores (int8 queries): the raw queries, their sums, zero points and scales (times the
+  // softmax scale); the block's key zero points; per head and key 4 lanes of an int32 dot
+  // product (head G: the key's own sum)
+  int8_t q8[kMaxH * kMaxD];
+  int32_t q8sum[kMaxH], q8zp[kMaxH];
+  float q8sc[kMaxH];
+  int32_t kzi[kBlock];
+  int32_t ipart[(kMaxG + 1) * kBlock * 4];
+#endif
 };
 
 Scratch& scratch() {
@@ -73,8 +84,57 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     sc.kzp[j] = static_cast<float>(kz[(jb + j) * K.zp_ss]);
     sc.vsc[j] = vs[(jb + j) * V.sc_ss];
     sc.vzp[j] = static_cast<float>(vz[(jb + j) * V.zp_ss]);
+#if defined(ETS_NEON_DOTPROD)
+    sc.kzi[j] = kz[(jb + j) * K.zp_ss];
+#endif
   }
 
+#if defined(ETS_NEON_DOTPROD)
+  if (a.q.i8 != nullptr) {
+    // Exact int32 scores with the dot products (SDOT, four int8 products to a lane): per key row
+    // D / 16 of them per head against the raw query, and its own sum; then, as the AVX2 kernel,
+    // sum (q - qz)(k - kz) = dot - kz Q - qz (K - D kz) (at most 255 * 255 * D < 2^24: exact
+    // as a float), four keys' lanes summed at a time.
+    constexpr int NK = D / 16;
+    const int8x16_t ones = vdupq_n_s8(1);
+    const int8_t* qb = sc.q8 + t0 * D;
+    for (int64_t j = 0; j < len; ++j) {
+      const int8_t* kr = kd + (jb + j) * K.ss;
+      if (j < n_ahead) {
+        for (int o = 0; o < D; o += 64) {
+          __builtin_prefetch(kr + kAhead * kBlock * K.ss + o);
+          __builtin_prefetch(vd + (jb + kAhead * kBlock + j) * V.ss + o);
+        }
+      }
+      int8x16_t k[NK];
+      for (int c = 0; c < NK; ++c) k[c] = vld1q_s8(kr + 16 * c);
+      int32x4_t ksum = vdupq_n_s32(0);
+      for (int c = 0; c < NK; ++c) ksum = vdotq_s32(ksum, k[c], ones);
+      vst1q_s32(sc.ipart + (G * kBlock + j) * 4, ksum);
+      for (int h = 0; h < G; ++h) {
+        const int8_t* q = qb + h * D;
+        int32x4_t x = vdupq_n_s32(0);
+        for (int c = 0; c < NK; ++c) x = vdotq_s32(x, k[c], vld1q_s8(q + 16 * c));
+        vst1q_s32(sc.ipart + (h * kBlock + j) * 4, x);
+      }
+    }
+    // four keys at a time (past len: lanes never used; kBlock is a multiple of 4)
+    auto lanes = [&sc](int64_t row) {
+      const int32_t* p = sc.ipart + row * 4;
+      return hsum4x4(vld1q_s32(p), vld1q_s32(p + 4), vld1q_s32(p + 8), vld1q_s32(p + 12));
+    };
+    for (int64_t j = 0; j < len; j += 4) {
+      const int32x4_t kz4 = vld1q_s32(sc.kzi + j);
+      const int32x4_t bk = vsubq_s32(lanes(G * kBlock + j), vmulq_n_s32(kz4, D));  // K - D kz
+      const float32x4_t ksv = vld1q_f32(sc.ksc + j);
+      for (int h = 0; h < G; ++h) {
+        int32x4_t dot = vmlsq_n_s32(lanes(h * kBlock + j), kz4, sc.q8sum[t0 + h]);
+        dot = vmlsq_n_s32(dot, bk, sc.q8zp[t0 + h]);
+        vst1q_f32(sc.s + h * kBlock + j, vmulq_n_f32(vmulq_f32(vcvtq_f32_s32(dot), ksv), sc.q8sc[t0 + h]));
+      }
+    }
+  } else
+#endif
   // Scores: per key row, its D int8 converted 16 at a time and dotted with every head's query.
   for (int64_t j = 0; j < len; ++j) {
     const int8_t* kr = kd + (jb + j) * K.ss;
@@ -180,6 +240,16 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       const float qz = static_cast<float>(a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh]);
       const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
       for (int d = 0; d < D; ++d) dst[d] = (static_cast<float>(src[d]) - qz) * qs;
+#if defined(ETS_NEON_DOTPROD)
+      int32_t sum = 0;
+      for (int d = 0; d < D; ++d) {
+        sc.q8[t * D + d] = src[d];
+        sum += src[d];
+      }
+      sc.q8sum[t] = sum;
+      sc.q8zp[t] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
+      sc.q8sc[t] = qs;
+#endif
     }
     float s = 0;
     for (int d = 0; d < D; ++d) s += dst[d];
