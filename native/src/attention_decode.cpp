@@ -697,28 +697,11 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       dequant_row(a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh, D, qs * a.scale, qz, dst);
     }
 #if defined(ETS_DECODE_I16)
-    if (a.q.i8 != nullptr) {
-      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
-      int32_t sum = 0;
-      for (int d = 0; d < D; ++d) {
-        sc.q16[t * D + d] = src[d];
-        sum += src[d];
-      }
-      sc.q8sum[t] = sum;
-      sc.q8zp[t] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
-      sc.q8sc[t] = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + t * a.q.sc_sh] * a.scale;
-    }
+    if (a.q.i8 != nullptr) sc.q8sum[t] = raw_query(a, b, i, t, D, sc.q16 + t * D, sc.q8zp[t], sc.q8sc[t]);
 #endif
 #if defined(ETS_DECODE_VNNI)
-    if (a.q.i8 != nullptr) {
-      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
-      std::memcpy(sc.q8 + t * (D / 4), src, D);
-      int32_t sum = 0;
-      for (int d = 0; d < D; ++d) sum += src[d];
-      sc.q8sum[t] = sum;
-      sc.q8zp[t] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
-      sc.q8sc[t] = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + t * a.q.sc_sh] * a.scale;
-    }
+    if (a.q.i8 != nullptr)
+      sc.q8sum[t] = raw_query(a, b, i, t, D, reinterpret_cast<int8_t*>(sc.q8 + t * (D / 4)), sc.q8zp[t], sc.q8sc[t]);
 #endif
     float s = 0;
     for (int d = 0; d < D; ++d) s += dst[d];

@@ -35,4 +35,22 @@ bool decode_attention_applies(const AttnArgs& a);
 void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, float* m, float* l,
                    float* acc);
 
+// Query head t of row i of batch b of int8 queries as the exact-score kernels take it: its raw
+// values copied into dst (int8, or widened to int16), their sum returned, its zero point into
+// zp and its scale times the softmax scale into sc.
+template <typename T>
+inline int32_t raw_query(const AttnArgs& a, int64_t b, int64_t i, int64_t t, int64_t D, T* dst, int32_t& zp,
+                         float& sc) {
+  const AttnOperand& q = a.q;
+  const int8_t* src = q.i8 + b * q.sb + i * q.ss + t * q.sh;
+  int32_t sum = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    dst[d] = src[d];
+    sum += src[d];
+  }
+  zp = q.zero_point[b * q.zp_sb + i * q.zp_ss + t * q.zp_sh];
+  sc = q.scale[b * q.sc_sb + i * q.sc_ss + t * q.sc_sh] * a.scale;
+  return sum;
+}
+
 }  // namespace etserve

@@ -88,6 +88,14 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     sc.kzi[j] = kz[(jb + j) * K.zp_ss];
 #endif
   }
+  // key row j's and value row j's lines kAhead blocks on, asked for while row j is worked
+  auto ahead = [&](int64_t j) {
+    if (j >= n_ahead) return;
+    for (int o = 0; o < D; o += 64) {
+      __builtin_prefetch(kd + (jb + kAhead * kBlock + j) * K.ss + o);
+      __builtin_prefetch(vd + (jb + kAhead * kBlock + j) * V.ss + o);
+    }
+  };
 
 #if defined(ETS_NEON_DOTPROD)
   if (a.q.i8 != nullptr) {
@@ -100,12 +108,7 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     const int8_t* qb = sc.q8 + t0 * D;
     for (int64_t j = 0; j < len; ++j) {
       const int8_t* kr = kd + (jb + j) * K.ss;
-      if (j < n_ahead) {
-        for (int o = 0; o < D; o += 64) {
-          __builtin_prefetch(kr + kAhead * kBlock * K.ss + o);
-          __builtin_prefetch(vd + (jb + kAhead * kBlock + j) * V.ss + o);
-        }
-      }
+      ahead(j);
       int8x16_t k[NK];
       for (int c = 0; c < NK; ++c) k[c] = vld1q_s8(kr + 16 * c);
       int32x4_t ksum = vdupq_n_s32(0);
@@ -138,12 +141,7 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
   // Scores: per key row, its D int8 converted 16 at a time and dotted with every head's query.
   for (int64_t j = 0; j < len; ++j) {
     const int8_t* kr = kd + (jb + j) * K.ss;
-    if (j < n_ahead) {
-      for (int o = 0; o < D; o += 64) {
-        __builtin_prefetch(kr + kAhead * kBlock * K.ss + o);
-        __builtin_prefetch(vd + (jb + kAhead * kBlock + j) * V.ss + o);
-      }
-    }
+    ahead(j);
     float32x4_t x[G][2];
     for (int h = 0; h < G; ++h) x[h][0] = x[h][1] = vdupq_n_f32(0.f);
     for (int c = 0; c < D; c += 16) {
@@ -241,14 +239,7 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
       for (int d = 0; d < D; ++d) dst[d] = (static_cast<float>(src[d]) - qz) * qs;
 #if defined(ETS_NEON_DOTPROD)
-      int32_t sum = 0;
-      for (int d = 0; d < D; ++d) {
-        sc.q8[t * D + d] = src[d];
-        sum += src[d];
-      }
-      sc.q8sum[t] = sum;
-      sc.q8zp[t] = a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh];
-      sc.q8sc[t] = qs;
+      sc.q8sum[t] = raw_query(a, b, i, t, D, sc.q8 + t * D, sc.q8zp[t], sc.q8sc[t]);
 #endif
     }
     float s = 0;
