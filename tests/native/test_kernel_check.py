@@ -92,7 +92,8 @@ def test_only_the_dotprod_set_has_dot_product_instructions():
     assert len(others) > 10
     assert not [line for line in disasm(others).splitlines() if "\tudot" in line or "\tsdot" in line]
     assert "\tudot" in disasm([objs / "dotprod" / "linear_q4_neon.o"])
-    assert "\tsdot" in disasm([objs / "dotprod" / "attention_decode_neon.o"])  # exact int8 scores
+    for f in ("attention_decode_neon.o", "attention.o"):  # exact int8 scores, decode and prefill
+        assert "\tsdot" in disasm([objs / "dotprod" / f]), f
     neon = disasm([objs / "neon" / "linear_q4_neon.o", objs / "neon" / "attention_decode_neon.o"])
     assert "umlal" in neon and "fmla" in neon
     assert "\tfmla" not in disasm([objs / "scalar" / "linear_q4_neon.o", objs / "scalar" / "attention_decode_neon.o"])
