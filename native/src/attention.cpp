@@ -62,8 +62,8 @@ struct Scratch {
   std::vector<float> qf;
   std::vector<int32_t> di;
   std::vector<int64_t> lim;
-  // VNNI and SDOT scores (vnni_keys, sdot_keys): the queries' raw int8 rows (q8), their zero
-  // points and sums (qz, qsum); a block's keys (VNNI: plus 128, transposed by quads; SDOT: raw
+  // VNNI and NEON scores (vnni_keys, raw8_keys): the queries' raw int8 rows (q8), their zero
+  // points and sums (qz, qsum); a block's keys (VNNI: plus 128, transposed by quads; NEON: raw
   // rows) in kt, 64-byte aligned in ktbuf, and two integer corrections per key (ka, kb)
   std::vector<int8_t> q8;
   std::vector<int32_t> qz, qsum, ka, kb;
@@ -75,7 +75,7 @@ struct Scratch {
   std::vector<uint8_t> vibuf;
   std::vector<int32_t> vcs, wq;
   std::vector<float> vsc, wsc;
-  std::vector<float> qc;  // VNNI, SDOT: the queries' scales times the softmax scale
+  std::vector<float> qc;  // VNNI, NEON: the queries' scales times the softmax scale
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
         vf(kKeyBlock * D), ksc(kKeyBlock), qi(nq * D),
@@ -353,16 +353,17 @@ void vnni_pv(Scratch& sc, int64_t t0, int64_t np, int64_t D, float* acc) {
 }
 #endif
 
-#if defined(ETS_NEON_DOTPROD)
-#define ETS_ATTN_SDOT 1
-// Exact int32 scores with SDOT (the aarch64 dotprod tier), as the VNNI ones: a block's keys as
-// their raw int8 rows, contiguous (kt), with ka = k_zp and kb = sum(k) - D k_zp per key, so that
+#if defined(ETS_NEON)
+#define ETS_ATTN_RAW8 1
+// Exact int32 scores on the aarch64 NEON tiers, as the VNNI ones: a block's keys as their raw int8
+// rows, contiguous (kt), with ka = k_zp and kb = sum(k) - D k_zp per key, so that
 // sum (q - qz)(k - kz) = q . k - Q ka - qz kb (Q = sum(q)); each query's raw row against eight
-// keys at a time, D / 16 SDOT per key, the lanes summed pairwise.
+// keys at a time, D / 16 dot16 per key (SDOT on the dotprod tier, widening multiplies on the
+// plain one), the lanes summed pairwise.
 
 // Rows [j0, j0 + n) of kv head h of the int8 keys into sc (kt, ka, kb, ksc); the rows after
 // them up to the next multiple of 8 zeros.
-void sdot_keys(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h, int64_t D, Scratch& sc,
+void raw8_keys(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h, int64_t D, Scratch& sc,
                RowPrefetch* pf) {
   const int8_t* data = x.i8 + b * x.sb + h * x.sh;
   const float* scale = x.scale + b * x.sc_sb + h * x.sc_sh;
@@ -375,7 +376,7 @@ void sdot_keys(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h
     for (int64_t d = 0; d < D; d += 16) {
       const int8x16_t v = vld1q_s8(row + d);
       vst1q_s8(kt + j * D + d, v);
-      sum = vdotq_s32(sum, v, ones);
+      sum = neon::dot16(sum, v, ones);
     }
     const int32_t a = zero[(j0 + j) * x.zp_ss];
     sc.ka[j] = a;
@@ -392,7 +393,7 @@ void sdot_keys(const AttnOperand& x, int64_t b, int64_t j0, int64_t n, int64_t h
 
 // srow[0 .. 8 * ceil(vis / 8)) = the block's scores of query vector t (entries at and past vis
 // are not meaningful), times the query's scale c.
-void sdot_scores(Scratch& sc, int64_t t, int64_t D, int64_t vis, float c, float* srow) {
+void raw8_scores(Scratch& sc, int64_t t, int64_t D, int64_t vis, float c, float* srow) {
   const int8_t* q = sc.q8.data() + t * D;
   const int8_t* kt = reinterpret_cast<const int8_t*>(sc.kt());
   const int32x4_t Q = vdupq_n_s32(sc.qsum[t]), qz = vdupq_n_s32(sc.qz[t]);
@@ -402,7 +403,7 @@ void sdot_scores(Scratch& sc, int64_t t, int64_t D, int64_t vis, float c, float*
     for (int64_t d = 0; d < D; d += 16) {
       const int8x16_t qv = vld1q_s8(q + d);
 #pragma GCC unroll 8
-      for (int r = 0; r < 8; ++r) a[r] = vdotq_s32(a[r], qv, vld1q_s8(kt + (j + r) * D + d));
+      for (int r = 0; r < 8; ++r) a[r] = neon::dot16(a[r], qv, vld1q_s8(kt + (j + r) * D + d));
     }
     for (int half = 0; half < 2; ++half) {
       const int64_t k = j + 4 * half;
@@ -437,7 +438,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
   // int8 keys are read less their zero points (exact), their scales applied to
   // the scores instead of to every element; with int8 queries too, the scores'
   // dot products are exact in int32 (the queries as int16 then, or raw with
-  // VNNI or SDOT). int8 values: a block's rows dequantized once for the whole tile, or with
+  // VNNI or NEON). int8 values: a block's rows dequantized once for the whole tile, or with
   // VNNI converted once to int16 pairs for integer weighted sums (vnni_values).
   const bool k8 = a.k.f32 == nullptr;
   const bool exact = k8 && a.q.f32 == nullptr;
@@ -447,10 +448,10 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
 #else
   constexpr bool vnni = false;
 #endif
-#if defined(ETS_ATTN_SDOT)
-  const bool sdot = exact && D % 16 == 0 && D <= kMaxVnniD;
+#if defined(ETS_ATTN_RAW8)
+  const bool raw8 = exact && D % 16 == 0 && D <= kMaxVnniD;
 #else
-  constexpr bool sdot = false;
+  constexpr bool raw8 = false;
 #endif
   for (int64_t r = 0; r < R; ++r) {
     int64_t lim = a.n_kv;
@@ -459,7 +460,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
     jmax = std::max(jmax, sc.lim[r]);
     for (int64_t h = 0; h < G; ++h) {
       const int64_t t = r * G + h;
-      if (vnni || sdot) {  // raw int8 rows
+      if (vnni || raw8) {  // raw int8 rows
         sc.qsum[t] = raw_query(a, b, i0 + r, g * G + h, D, sc.q8.data() + t * D, sc.qz[t], sc.qc[t]);
         continue;
       }
@@ -492,9 +493,9 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
 #endif
       kp = nullptr;
       ks = D;
-    } else if (sdot) {
-#if defined(ETS_ATTN_SDOT)
-      sdot_keys(a.k, b, jb, len, g, D, sc, &pf);
+    } else if (raw8) {
+#if defined(ETS_ATTN_RAW8)
+      raw8_keys(a.k, b, jb, len, g, D, sc, &pf);
 #endif
       kp = nullptr;
       ks = D;
@@ -530,9 +531,9 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
 #endif
           continue;
         }
-        if (sdot) {
-#if defined(ETS_ATTN_SDOT)
-          if (vis[r] > 0) sdot_scores(sc, t, D, vis[r], sc.qc[t], srow);
+        if (raw8) {
+#if defined(ETS_ATTN_RAW8)
+          if (vis[r] > 0) raw8_scores(sc, t, D, vis[r], sc.qc[t], srow);
 #endif
           continue;
         }

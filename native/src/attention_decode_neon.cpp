@@ -1,14 +1,13 @@
 // One-query-row attention over int8 KV caches (attention_decode.h) with Advanced SIMD, for the
-// aarch64 kernel sets: the AVX2 kernel's float arithmetic (attention_decode.cpp) in 128-bit
-// vectors. Every query head that shares a kv head walks a 64-key block together: each key row
-// converted once to floats in registers (16 dims at a time) and dotted with the G queries
-// (dequantized, times the softmax scale), the zero point folded in through the query's sum,
-// k_scale * (q . k8 - k_zp * sum(q)); an online softmax per head with a Cephes-style exp; the
-// weights p * v_scale against the value rows converted in registers (8 dims at a time, all G
-// heads' sums in registers), less one correction per block and head, sum(p * v_scale * v_zp).
-// Rows kAhead blocks on are prefetched while a block is worked. On the dotprod tier (ARMv8.2
-// SDOT) the scores of int8 queries are exact instead, as the AVX2 kernel's: integer dot products
-// of the raw rows, the zero points subtracted in int32.
+// aarch64 kernel sets, as the AVX2 kernel (attention_decode.cpp) in 128-bit vectors. Every query
+// head that shares a kv head walks a 64-key block together. Scores of int8 queries are exact:
+// integer dot products of the raw rows (SDOT on the dotprod tier, widening multiplies on the
+// plain NEON one), the zero points subtracted in int32; float queries are dotted with each key
+// row converted to floats in registers, the zero point folded in through the query's sum. Then
+// an online softmax per head with a Cephes-style exp, and the weights p * v_scale against the
+// value rows converted in registers (8 dims at a time, all G heads' sums in registers), less one
+// correction per block and head, sum(p * v_scale * v_zp). Rows kAhead blocks on are prefetched
+// while a block is worked.
 #include "attention_decode.h"
 #include "isa.h"
 
@@ -26,6 +25,7 @@ namespace etserve {
 namespace {
 
 using simd::neon::add_max;
+using simd::neon::dot16;
 using simd::neon::exp4;
 using simd::neon::hsum4x4;
 
@@ -40,7 +40,6 @@ struct alignas(64) Scratch {
   float s[kMaxG * kBlock];  // one kv head's block: scores, then weights
   float ksc[kBlock], kzp[kBlock], vsc[kBlock], vzp[kBlock];
   float zc[kMaxG];
-#if defined(ETS_NEON_DOTPROD)
   // exact scores (int8 queries): the raw queries, their sums, zero points and scales (times the
   // softmax scale); the block's key zero points; per head and key 4 lanes of an int32 dot
   // product (head G: the key's own sum)
@@ -49,7 +48,6 @@ struct alignas(64) Scratch {
   float q8sc[kMaxH];
   int32_t kzi[kBlock];
   int32_t ipart[(kMaxG + 1) * kBlock * 4];
-#endif
 };
 
 Scratch& scratch() {
@@ -84,9 +82,7 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     sc.kzp[j] = static_cast<float>(kz[(jb + j) * K.zp_ss]);
     sc.vsc[j] = vs[(jb + j) * V.sc_ss];
     sc.vzp[j] = static_cast<float>(vz[(jb + j) * V.zp_ss]);
-#if defined(ETS_NEON_DOTPROD)
     sc.kzi[j] = kz[(jb + j) * K.zp_ss];
-#endif
   }
   // key row j's and value row j's lines kAhead blocks on, asked for while row j is worked
   auto ahead = [&](int64_t j) {
@@ -97,10 +93,9 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     }
   };
 
-#if defined(ETS_NEON_DOTPROD)
   if (a.q.i8 != nullptr) {
-    // Exact int32 scores with the dot products (SDOT, four int8 products to a lane): per key row
-    // D / 16 of them per head against the raw query, and its own sum; then, as the AVX2 kernel,
+    // Exact int32 scores (dot16: SDOT on the dotprod tier, widening multiplies otherwise): per
+    // key row D / 16 of them per head against the raw query, and its own sum; then, as the AVX2 kernel,
     // sum (q - qz)(k - kz) = dot - kz Q - qz (K - D kz) (at most 255 * 255 * D < 2^24: exact
     // as a float), four keys' lanes summed at a time.
     constexpr int NK = D / 16;
@@ -112,12 +107,12 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       int8x16_t k[NK];
       for (int c = 0; c < NK; ++c) k[c] = vld1q_s8(kr + 16 * c);
       int32x4_t ksum = vdupq_n_s32(0);
-      for (int c = 0; c < NK; ++c) ksum = vdotq_s32(ksum, k[c], ones);
+      for (int c = 0; c < NK; ++c) ksum = dot16(ksum, k[c], ones);
       vst1q_s32(sc.ipart + (G * kBlock + j) * 4, ksum);
       for (int h = 0; h < G; ++h) {
         const int8_t* q = qb + h * D;
         int32x4_t x = vdupq_n_s32(0);
-        for (int c = 0; c < NK; ++c) x = vdotq_s32(x, k[c], vld1q_s8(q + 16 * c));
+        for (int c = 0; c < NK; ++c) x = dot16(x, k[c], vld1q_s8(q + 16 * c));
         vst1q_s32(sc.ipart + (h * kBlock + j) * 4, x);
       }
     }
@@ -137,8 +132,8 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       }
     }
   } else
-#endif
-  // Scores: per key row, its D int8 converted 16 at a time and dotted with every head's query.
+  // Float queries: per key row, its D int8 converted 16 at a time and dotted with every head's
+  // query.
   for (int64_t j = 0; j < len; ++j) {
     const int8_t* kr = kd + (jb + j) * K.ss;
     ahead(j);
@@ -229,22 +224,15 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
   Scratch& sc = scratch();
   const int64_t H = a.H, Hkv = a.Hkv;
   for (int64_t t = 0; t < H; ++t) {
-    float* dst = sc.q + t * D;
-    if (a.q.f32 != nullptr) {
+    if (a.q.f32 != nullptr) {  // float scores: the query times the softmax scale, and its sum
+      float* dst = sc.q + t * D;
       const float* src = a.q.f32 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
-      for (int d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
-    } else {
-      const float qs = a.q.scale[b * a.q.sc_sb + i * a.q.sc_ss + t * a.q.sc_sh] * a.scale;
-      const float qz = static_cast<float>(a.q.zero_point[b * a.q.zp_sb + i * a.q.zp_ss + t * a.q.zp_sh]);
-      const int8_t* src = a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh;
-      for (int d = 0; d < D; ++d) dst[d] = (static_cast<float>(src[d]) - qz) * qs;
-#if defined(ETS_NEON_DOTPROD)
+      float s = 0;
+      for (int d = 0; d < D; ++d) s += (dst[d] = src[d] * a.scale);
+      sc.qsum[t] = s;
+    } else {  // exact scores
       sc.q8sum[t] = raw_query(a, b, i, t, D, sc.q8 + t * D, sc.q8zp[t], sc.q8sc[t]);
-#endif
     }
-    float s = 0;
-    for (int d = 0; d < D; ++d) s += dst[d];
-    sc.qsum[t] = s;
     sc.m[t] = -INFINITY;
     sc.l[t] = 0.f;
     std::fill(sc.acc + t * D, sc.acc + (t + 1) * D, 0.f);

@@ -37,6 +37,17 @@ inline int32x4_t hsum4x4(int32x4_t a0, int32x4_t a1, int32x4_t a2, int32x4_t a3)
   return vpaddq_s32(vpaddq_s32(a0, a1), vpaddq_s32(a2, a3));
 }
 
+// acc plus the 16 products of a and b (int8), summed into acc's four lanes (in an order of their
+// own: only the lanes' total means anything): SDOT on the dotprod tier, widening multiplies and
+// pairwise adds otherwise. Exact either way (a product's magnitude is at most 2^14).
+inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(ETS_NEON_DOTPROD)
+  return vdotq_s32(acc, a, b);
+#else
+  return vpadalq_s16(vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b))), vmull_high_s8(a, b));
+#endif
+}
+
 inline void store4(float* p, float32x4_t v) { vst1q_f32(p, v); }
 inline void store4(int32_t* p, int32x4_t v) { vst1q_s32(p, v); }
 

@@ -94,6 +94,7 @@ def test_only_the_dotprod_set_has_dot_product_instructions():
     assert "\tudot" in disasm([objs / "dotprod" / "linear_q4_neon.o"])
     for f in ("attention_decode_neon.o", "attention.o"):  # exact int8 scores, decode and prefill
         assert "\tsdot" in disasm([objs / "dotprod" / f]), f
+        assert "\tsadalp" in disasm([objs / "neon" / f]), f  # the widening multiplies' sums
     neon = disasm([objs / "neon" / "linear_q4_neon.o", objs / "neon" / "attention_decode_neon.o"])
     assert "umlal" in neon and "fmla" in neon
     assert "\tfmla" not in disasm([objs / "scalar" / "linear_q4_neon.o", objs / "scalar" / "attention_decode_neon.o"])
