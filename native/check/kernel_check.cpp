@@ -7,9 +7,10 @@
 //   kernel_check [-v]     exit status 0 when every case is within its bound
 //
 // The bounds are those of the Python tests: 1e-4 for fp32 caches; for int8 caches 5e-4 (the
-// AVX-512 VNNI tile's 16-bit weights) and, on the AVX-512 VNNI decode kernel (one query row, at
-// most 8 query heads per kv head, head dim 64 or 128), whose weights are 8-bit per 64-key block,
-// 0.3 (test_llm_ops.py checks that kernel exactly against an emulation of its rounding); for the
+// AVX-512 VNNI tile's 16-bit weights) and, on the decode kernel (one query row, at most 8 query
+// heads per kv head, head dim 64 or 128) built for AVX-512 VNNI or AVX2, whose weights are 8- or
+// 7-bit fixed point per 64-key block, 1e-3 against a reference that rounds them the same way
+// (test_llm_ops.py's ref_sdpa_8bit_weights); for the
 // linear, a few float32 ulps of its largest partial sums; on aarch64 the NEON sets' linear is
 // also compared with the scalar set's, bit for bit. The sampler's reductions over a vocabulary
 // (max, the sum of exponentials, the weights at a temperature): 1e-6 of each term and of the sum.
@@ -104,10 +105,17 @@ struct Operand {
   double at(int b, int n, int h, int d) const { return deq[((size_t(b) * N + n) * H + h) * D + d]; }
 };
 
-bool vnni_decode(const Shape& s, bool int8) {
+// The decode kernel's weight levels where its weighted sums take the weights (P times the value
+// scales) as fixed point per head and 64-key block (attention_decode.cpp: one query row, at most
+// 8 query heads per kv head, head dim 64 or 128): 255 with AVX-512 VNNI (vpdpbusd), 127 with
+// AVX2 (vpmaddubsw); 0 where the weights stay floats.
+int decode_weight_levels(const Shape& s, bool int8) {
   const char* isa = etserve::kernel_isa();
   const int G = s.H / s.Hkv;
-  return int8 && std::strcmp(isa, "avx512-vnni") == 0 && s.S == 1 && G <= 8 && (s.D == 64 || s.D == 128);
+  if (!int8 || s.S != 1 || G > 8 || (s.D != 64 && s.D != 128)) return 0;
+  if (std::strcmp(isa, "avx512-vnni") == 0) return 255;
+  if (std::strcmp(isa, "avx2") == 0) return 127;
+  return 0;
 }
 
 // softmax(q k^T / sqrt(D) + mask) v in float64, as ref_sdpa in test_llm_ops.py.
@@ -134,7 +142,12 @@ bool check_attention(const Shape& s, bool causal, bool int8, bool masked, uint64
   a.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   etserve::run_attention(a);
 
-  const double tol = !int8 ? 1e-4 : vnni_decode(s, int8) ? 0.3 : 5e-4;
+  // With fixed-point weights, the reference rounds them as the kernel does (test_llm_ops.py's
+  // ref_sdpa_8bit_weights): per block of 64 keys from key 0 (the kernel's ranges are whole
+  // blocks), each weight p v_scale to the nearest multiple of 1/levels of the block's largest;
+  // the values' raw int8 less their zero points, and the weights' sum, both from those.
+  const int levels = decode_weight_levels(s, int8);
+  const double tol = !int8 ? 1e-4 : levels ? 1e-3 : 5e-4;
   const int G = s.H / s.Hkv;
   double worst = 0;
   std::vector<double> p(s.Smax);
@@ -153,6 +166,20 @@ bool check_attention(const Shape& s, bool causal, bool int8, bool masked, uint64
         }
         double sum = 0;
         for (int j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        const auto row = [&](int j) { return (size_t(b) * s.Smax + j) * s.Hkv + g; };  // v's (b, j, g)
+        if (levels && mx > -INFINITY) {  // p as the kernel rounds it; its sum from the rounded
+          sum = 0;
+          for (int j0 = 0; j0 < n; j0 += 64) {
+            const int j1 = std::min(n, j0 + 64);
+            double top = 0;
+            for (int j = j0; j < j1; ++j) top = std::max(top, p[j] * v.sc[row(j)]);
+            for (int j = j0; j < j1; ++j) {
+              const double u = top > 0 ? std::min(std::nearbyint(p[j] * v.sc[row(j)] / top * levels), double(levels)) : 0;
+              p[j] = u * top / levels / v.sc[row(j)];
+              sum += p[j];
+            }
+          }
+        }
         for (int d = 0; d < s.D; ++d) {
           double o = 0;
           for (int j = 0; j < n; ++j) o += p[j] * v.at(b, j, g, d);

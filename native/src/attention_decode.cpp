@@ -7,7 +7,8 @@
 // enter once per row and head, through sum(f) and through one correction per
 // block, sum over the block of p * v_scale * v_zp. With AVX-512 VNNI both
 // products are integer: exact int32 scores (simd.h's exact_scores16), and the
-// weights p * v_scale as 8-bit fixed point per block (vnni_weighted_sums).
+// weights p * v_scale as 8-bit fixed point per block (vnni_weighted_sums); with
+// AVX2 too: exact int32 scores (vpmaddwd) and 7-bit weights (w7_weighted_sums).
 #include "attention_decode.h"
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
@@ -118,17 +119,18 @@ struct alignas(64) Scratch {
   // AVX2 (ETS_DECODE_I16): the int8 queries as int16; per head and key 8 lanes of an int32 dot
   // product (head G: the key's own sum)
   alignas(32) int16_t q16[kMaxH * kMaxD];
-  alignas(32) int32_t ipart[(kMaxG + 1) * kBlock * 8];
+  alignas(32) int32_t ipart[kMaxG * kBlock * 8];
 #endif
 };
 
 #if !defined(ETS_AVX512)
 // AVX2 (no VNNI): exact int32 scores through vpmaddwd (signed words, two products to a dword),
-// the int8 keys and queries sign-extended to int16: with dot = sum q k, Q = sum q and
-// K = sum k, sum (q - qz)(k - kz) = dot - kz Q - qz (K - D kz) (at most 128 * 128 * D < 2^21).
-// Half the instructions of the float dot products (16 products each where an FMA does 8), no
-// conversion of the keys to floats, and the zero points subtracted exactly. The weighted sums
-// stay in floats (16-bit weights would double the int8 kernels' error bound).
+// the int8 keys sign-extended to int16 and the query less its zero point, q' = q - qz (at most
+// 255 in magnitude: each product fits a word's pair sum): with Q' = sum q',
+// sum (q - qz)(k - kz) = sum q' k - kz Q' (at most 255 * 255 * D < 2^23). Half the
+// instructions of the float dot products (16 products each where an FMA does 8), no conversion
+// of the keys to floats, no key sums, and the zero points subtracted exactly. The weighted sums
+// are integer too, with 7-bit weights (w7_softmax, w7_weighted_sums).
 #define ETS_DECODE_I16 1
 #endif
 
@@ -379,6 +381,143 @@ inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const 
 }
 #endif
 
+#if defined(ETS_DECODE_I16)
+// AVX2's weighted sums in integers, as the VNNI kernel's (vnni_softmax, vnni_weighted_sums) but
+// with the weights as 7-bit fixed point per head and 64-key block: vpmaddubsw (unsigned bytes
+// times signed bytes, two products to a signed word, saturating) stays exact only while both
+// products' sum fits a word, 2 * 127 * 128 < 2^15; vpmaddwd against ones then adds the two
+// words of a dword, four keys' products. Two multiplies for 32 products, where the float sums
+// took four FMAs, four conversions and four broadcasts: the largest part of a long decode.
+constexpr float kW7Top = 127.f, kLog2W7Top = 6.988684686772166f;  // log2(127)
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// The block's online softmax for the G query heads of one kv head (state at t0), ending in
+// w7_weighted_sums' weights: vnni_softmax's three passes on 8 lanes, with u = round(2^(y - bp +
+// log2(127))) at most 127 and wsc = 2^(bp + (bm - mn) log2(e)) / 127.
+template <int G>
+inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const float* mrow) {
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), lowest = _mm256_set1_ps(-INFINITY);
+  const int64_t nv = (len + 7) / 8;
+  if (mrow)
+    for (int h = 0; h < G; ++h) {
+      float* p = sc.s + h * kBlock;
+      int64_t j = 0;
+      for (; j + 8 <= len; j += 8) _mm256_store_ps(p + j, _mm256_add_ps(_mm256_load_ps(p + j), _mm256_loadu_ps(mrow + j)));
+      for (; j < len; ++j) p[j] += mrow[j];
+    }
+  for (int64_t j = len; j < nv * 8; ++j) {  // the last vector's lanes past len: nothing to weigh
+    for (int h = 0; h < G; ++h) sc.s[h * kBlock + j] = -INFINITY;
+    sc.vsc[j] = 1.f;
+    sc.vzi[j] = 0;
+  }
+  // the value scales' log2 and reciprocals (a scale of 0 taken as 1e-30, as the VNNI kernel)
+  for (int64_t v = 0; v < nv; ++v) {
+    const __m256 x = _mm256_max_ps(_mm256_load_ps(sc.vsc + 8 * v), _mm256_set1_ps(1e-30f));
+    _mm256_store_ps(sc.lv + 8 * v, log2_256(x));
+    _mm256_store_ps(sc.rv + 8 * v, _mm256_div_ps(_mm256_set1_ps(1.f), x));
+  }
+  __m256 r[G];
+  for (int h = 0; h < G; ++h) r[h] = lowest;
+  for (int64_t v = 0; v < nv; ++v)
+    for (int h = 0; h < G; ++h) r[h] = _mm256_max_ps(r[h], _mm256_load_ps(sc.s + h * kBlock + 8 * v));
+  float bm[G], corr[G];
+  for (int h = 0; h < G; ++h) {
+    const int64_t t = t0 + h;
+    const float b = hmax8(r[h]), mo = sc.m[t], mn = std::max(mo, b);
+    corr[h] = mo > -INFINITY ? std::exp2((mo - mn) * 1.44269504088896341f) : 0.f;
+    if (mo > -INFINITY && corr[h] != 1.f) scale_row(sc.acc + t * D, D, corr[h]);
+    sc.m[t] = mn;
+    bm[h] = b;  // -inf: nothing visible here
+    r[h] = lowest;
+  }
+  for (int64_t v = 0; v < nv; ++v) {  // y, and bp
+    const __m256 lv = _mm256_load_ps(sc.lv + 8 * v);
+    for (int h = 0; h < G; ++h) {
+      float* p = sc.s + h * kBlock + 8 * v;
+      const float b = bm[h] > -INFINITY ? bm[h] : 0.f;
+      const __m256 y = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_load_ps(p), _mm256_set1_ps(b)), log2e, lv);
+      r[h] = _mm256_max_ps(r[h], y);
+      _mm256_store_ps(p, y);
+    }
+  }
+  __m256 bo[G], S[G], zc[G];
+  for (int h = 0; h < G; ++h) {
+    const bool here = bm[h] > -INFINITY;
+    const float bp = here ? hmax8(r[h]) : 0.f;
+    sc.wsc[h] = here ? std::exp2((bm[h] - sc.m[t0 + h]) * 1.44269504088896341f + bp) / kW7Top : 0.f;
+    bo[h] = _mm256_set1_ps(bp - kLog2W7Top);
+    S[h] = zc[h] = _mm256_setzero_ps();
+  }
+  const __m256 top = _mm256_set1_ps(kW7Top);
+  for (int64_t v = 0; v < nv; ++v) {  // the weights, their sum and zero-point sum
+    const __m256 rv = _mm256_load_ps(sc.rv + 8 * v);
+    const __m256 vz = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc.vzi + 8 * v)));
+    for (int h = 0; h < G; ++h) {
+      const __m256 w = exp2_256(_mm256_sub_ps(_mm256_load_ps(sc.s + h * kBlock + 8 * v), bo[h]));
+      const __m256 u = _mm256_min_ps(_mm256_round_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), top);
+      S[h] = _mm256_fmadd_ps(u, rv, S[h]);  // the weights as rounded: they and l agree
+      zc[h] = _mm256_fmadd_ps(u, vz, zc[h]);  // integers below 2^24: exact
+      const __m256i ui = _mm256_cvtps_epi32(u);
+      const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(ui), _mm256_extracti128_si256(ui, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(sc.wq + h * kBlock + 8 * v), _mm_packus_epi16(w16, w16));
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    const int64_t t = t0 + h;
+    sc.l[t] = sc.l[t] * corr[h] + sc.wsc[h] * hsum256(S[h]);
+    sc.wzc[h] = bm[h] > -INFINITY ? static_cast<int32_t>(hsum256(zc[h])) : 0;
+  }
+}
+
+// acc += wsc * (sum over the block's value rows of u * (v8 - v_zp)), per head, 16 dims at a
+// time: four keys' rows interleaved a byte each into every dword (dims in order), one
+// vpmaddubsw and one vpmaddwd per 8 dims and head against the heads' four weights broadcast.
+// Exact in int32 (at most 64 * 127 * 128 < 2^20).
+template <int G, int D>
+inline void w7_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t ss, int64_t len) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int c = 0; c < D / 16; ++c) {
+    const int8_t* vr = v + c * 16;
+    auto row = [&](int64_t j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + j * ss)); };
+    __m256i o[G][2];
+    for (int h = 0; h < G; ++h) o[h][0] = o[h][1] = _mm256_setzero_si256();
+    auto quad = [&](__m128i ra, __m128i rb, __m128i rc, __m128i rd, int64_t j) {
+      const __m128i ab0 = _mm_unpacklo_epi8(ra, rb), ab1 = _mm_unpackhi_epi8(ra, rb);
+      const __m128i cd0 = _mm_unpacklo_epi8(rc, rd), cd1 = _mm_unpackhi_epi8(rc, rd);
+      const __m256i x0 = _mm256_set_m128i(_mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab0, cd0));
+      const __m256i x1 = _mm256_set_m128i(_mm_unpackhi_epi16(ab1, cd1), _mm_unpacklo_epi16(ab1, cd1));
+      const uint8_t* wb = sc.wq + j;  // the heads' weights at constant offsets from it
+      asm("" : "+r"(wb));
+      for (int h = 0; h < G; ++h) {
+        const __m256i w = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(wb + h * kBlock));
+        o[h][0] = _mm256_add_epi32(o[h][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x0), ones));
+        o[h][1] = _mm256_add_epi32(o[h][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x1), ones));
+      }
+    };
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4) quad(row(j), row(j + 1), row(j + 2), row(j + 3), j);
+    if (j < len) {  // 1-3 rows left: the rest zeros (their weights are 0 too)
+      const __m128i z = _mm_setzero_si128();
+      quad(row(j), j + 1 < len ? row(j + 1) : z, j + 2 < len ? row(j + 2) : z, z, j);
+    }
+    for (int h = 0; h < G; ++h) {
+      const __m256i zc = _mm256_set1_epi32(sc.wzc[h]);
+      const __m256 s = _mm256_set1_ps(sc.wsc[h]);
+      float* acc = acc0 + h * D + c * 16;
+      _mm256_store_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(o[h][0], zc)), s, _mm256_load_ps(acc)));
+      _mm256_store_ps(acc + 8,
+                      _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(o[h][1], zc)), s, _mm256_load_ps(acc + 8)));
+    }
+  }
+}
+#endif
+
 // Not inlined: the kernel then holds a plain pointer, where an inlined
 // thread_local would have it ask for the address again in every loop.
 __attribute__((noinline)) Scratch& scratch() {
@@ -472,7 +611,6 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.kzi + jp), kzv);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.vzi + jp), vzv);
       _mm256_storeu_ps(sc.kzp + jp, _mm256_cvtepi32_ps(kzv));
-      _mm256_storeu_ps(sc.vzp + jp, _mm256_cvtepi32_ps(vzv));
     }
   }
 #endif
@@ -482,7 +620,7 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     sc.kzp[j] = static_cast<float>(sc.kzi[j]);
     sc.vsc[j] = vs[(jb + j) * V.sc_ss];
     sc.vzi[j] = vz[(jb + j) * V.zp_ss];
-#if !defined(ETS_DECODE_VNNI)
+#if !defined(ETS_DECODE_VNNI) && !defined(ETS_DECODE_I16)  // the float weighted sums' correction
     sc.vzp[j] = static_cast<float>(sc.vzi[j]);
 #endif
   }
@@ -538,7 +676,8 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
 #if defined(ETS_DECODE_I16)
   if (a.q.i8 != nullptr) {
     // Exact int32 scores: per key row its D / 16 vectors of int16, per head D / 16 vpmaddwd
-    // against the query's, 8 lanes stored; then eight keys' lanes summed at a time.
+    // against the query's (less its zero point), 8 lanes stored; then eight keys' lanes summed
+    // at a time.
     constexpr int NK = D / 16;
     const int16_t* qb = sc.q16 + t0 * D;
     asm("" : "+r"(qb));  // the queries at constant offsets from one register (see the VNNI path)
@@ -559,10 +698,6 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       __m256i k16[NK];
       for (int c = 0; c < NK; ++c)
         k16[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + c * 16)));
-      __m256i ksum = k16[0];  // the key's sum: at most 128 * D / 16 per int16 lane
-      for (int c = 1; c < NK; ++c) ksum = _mm256_add_epi16(ksum, k16[c]);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc.ipart + (G * kBlock + j) * 8),
-                         _mm256_madd_epi16(ksum, _mm256_set1_epi16(1)));
       for (int h = 0; h < G; ++h) {
         const __m256i* qh = reinterpret_cast<const __m256i*>(qb + h * D);
         __m256i x = _mm256_madd_epi16(k16[0], _mm256_load_si256(qh));
@@ -570,16 +705,12 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
         _mm256_store_si256(reinterpret_cast<__m256i*>(sc.ipart + (h * kBlock + j) * 8), x);
       }
     }
-    const __m256i dv = _mm256_set1_epi32(D);
     for (int64_t j = 0; j < len; j += 8) {  // past len: unused lanes
       const __m256i kz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.kzi + j));
-      // K - D kz per key
-      const __m256i bk = _mm256_sub_epi32(hsum8x8_epi32(sc.ipart + (G * kBlock + j) * 8), _mm256_mullo_epi32(kz, dv));
       const __m256 ksv = _mm256_loadu_ps(sc.ksc + j);
       for (int h = 0; h < G; ++h) {
-        __m256i dot = hsum8x8_epi32(sc.ipart + (h * kBlock + j) * 8);
-        dot = _mm256_sub_epi32(dot, _mm256_mullo_epi32(kz, _mm256_set1_epi32(sc.q8sum[t0 + h])));
-        dot = _mm256_sub_epi32(dot, _mm256_mullo_epi32(bk, _mm256_set1_epi32(sc.q8zp[t0 + h])));
+        const __m256i dot = _mm256_sub_epi32(hsum8x8_epi32(sc.ipart + (h * kBlock + j) * 8),
+                                             _mm256_mullo_epi32(kz, _mm256_set1_epi32(sc.q8sum[t0 + h])));
         _mm256_store_ps(sc.s + h * kBlock + j,
                         _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), ksv), _mm256_set1_ps(sc.q8sc[t0 + h])));
       }
@@ -625,6 +756,8 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
 
 #if defined(ETS_DECODE_VNNI)
   vnni_softmax<G>(sc, t0, D, len, mrow ? mrow + jb : nullptr);
+#elif defined(ETS_DECODE_I16)
+  w7_softmax<G>(sc, t0, D, len, mrow ? mrow + jb : nullptr);
 #else
   // Online softmax; the weights times the value scales, and their zero-point correction.
   for (int h = 0; h < G; ++h) {
@@ -665,6 +798,8 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
 #if defined(ETS_DECODE_VNNI)
   vnni_weighted_sums<G, D>(sc, sc.acc + t0 * D, vd + jb * V.ss, V.ss, len, n_ahead,
                            std::min(kBlock, jend - jb - kFar * kBlock));
+#elif defined(ETS_DECODE_I16)
+  w7_weighted_sums<G, D>(sc, sc.acc + t0 * D, vd + jb * V.ss, V.ss, len);
 #else
   // Weighted sums: a slice of the head dimension at a time, all G heads in registers.
   for (int c = 0; c < NC; ++c) {
@@ -697,7 +832,12 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       dequant_row(a.q.i8 + b * a.q.sb + i * a.q.ss + t * a.q.sh, D, qs * a.scale, qz, dst);
     }
 #if defined(ETS_DECODE_I16)
-    if (a.q.i8 != nullptr) sc.q8sum[t] = raw_query(a, b, i, t, D, sc.q16 + t * D, sc.q8zp[t], sc.q8sc[t]);
+    if (a.q.i8 != nullptr) {  // q - qz (at most 255 in magnitude) and its sum
+      int16_t* q16 = sc.q16 + t * D;
+      const int32_t sum = raw_query(a, b, i, t, D, q16, sc.q8zp[t], sc.q8sc[t]);
+      for (int d = 0; d < D; ++d) q16[d] = static_cast<int16_t>(q16[d] - sc.q8zp[t]);
+      sc.q8sum[t] = sum - static_cast<int32_t>(D) * sc.q8zp[t];
+    }
 #endif
 #if defined(ETS_DECODE_VNNI)
     if (a.q.i8 != nullptr)

@@ -3,12 +3,13 @@
 // value row read once from memory and converted in registers (never written
 // back), its zero point folded into one correction per row and head. With
 // AVX-512 VNNI the scores are exact int32 dot products (16 keys transposed in
-// registers) and the weighted sums take the weights as 16-bit fixed point per
-// head and 64-key block (vpdpwssd over pairs of keys); with AVX2 the scores
-// are exact int32 dot products too (int16 keys and queries, vpmaddwd; eight
-// keys' lanes reduced at a time) and the weighted sums floats, G accumulators
-// per slice of the head dimension. Rows a few blocks ahead are prefetched
-// while a block is worked, so a long cache streams from memory.
+// registers) and the weighted sums take the weights as 8-bit fixed point per
+// head and 64-key block (vpdpbusd over quads of keys); with AVX2 the scores
+// are exact int32 dot products too (int16 keys, queries less their zero
+// point, vpmaddwd; eight keys' lanes reduced at a time) and the weighted sums
+// take 7-bit weights (vpmaddubsw and vpmaddwd over quads of keys: the widest
+// that vpmaddubsw's saturating words hold exactly). Rows a few blocks ahead
+// are prefetched while a block is worked, so a long cache streams from memory.
 //
 // For the rows that attention.cpp's generic tile handles slowest at long
 // context: one query row (a decode step), int8 keys and values in

@@ -119,6 +119,36 @@ inline __m256 exp256(__m256 x) {
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+
+// exp2_512 on 8 lanes (2^x for x <= 16, or -inf: 2^-126), 2^n through the exponent bits.
+inline __m256 exp2_256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.327647129073739e-3f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.675541892647743e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550713092088699e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022120237350464f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931469440460205f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0000001192092896f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// log2_512 on 8 lanes (normal x > 0): the exponent e of x 4/3 from its bits, m = x 2^-e in
+// [0.75, 1.5).
+inline __m256 log2_256(__m256 x) {
+  const __m256i xe = _mm256_castps_si256(_mm256_mul_ps(x, _mm256_set1_ps(4.f / 3.f)));
+  const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(xe, 23), _mm256_set1_epi32(127));  // x > 0: no sign bit
+  const __m256 m = _mm256_mul_ps(x, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), e), 23)));
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 z = _mm256_div_ps(_mm256_sub_ps(m, one), _mm256_add_ps(m, one));
+  const __m256 z2 = _mm256_mul_ps(z, z);
+  __m256 p = _mm256_fmadd_ps(z2, _mm256_set1_ps(1.f / 7.f), _mm256_set1_ps(1.f / 5.f));
+  p = _mm256_fmadd_ps(p, z2, _mm256_set1_ps(1.f / 3.f));
+  p = _mm256_fmadd_ps(p, z2, one);
+  return _mm256_fmadd_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(2.f * 1.44269504088896341f), _mm256_cvtepi32_ps(e));
+}
 #endif
 
 #ifdef ETS_AVX512

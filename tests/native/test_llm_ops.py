@@ -91,10 +91,10 @@ def ref_sdpa(q, kc, vc, start_pos, causal, mask=None, scale=None):
     return out
 
 
-def ref_sdpa_8bit_weights(q, k, v, start_pos, causal, mask=None):
-    """ref_sdpa for one query row (S == 1) as attention_decode.cpp's AVX-512 VNNI kernel rounds
-    it: per head and 64-key block (from key 0), the weights p * v_scale as multiples of 1/255
-    of the block's largest, rounded to nearest; the values' sum and the weights' sum (p as
+def ref_sdpa_8bit_weights(q, k, v, start_pos, causal, mask=None, levels=255):
+    """ref_sdpa for one query row (S == 1) as attention_decode.cpp's AVX-512 VNNI kernel
+    (levels 255) or AVX2 kernel (127) rounds it: per head and 64-key block (from key 0), the
+    weights p * v_scale as multiples of 1/levels of the block's largest, rounded to nearest; the values' sum and the weights' sum (p as
     rounded) both from those. k, v: `_quantized` tuples (v's raw int8, scales, zero points are
     used as the kernel uses them)."""
     qf, kf = q[3], k[3]
@@ -120,7 +120,7 @@ def ref_sdpa_8bit_weights(q, k, v, start_pos, causal, mask=None):
             for j in range(0, n, 64):
                 top = w[j:j + 64].max()
                 if top > 0:
-                    wq[j:j + 64] = np.minimum(np.round(w[j:j + 64] / top * 255), 255) * top / 255
+                    wq[j:j + 64] = np.minimum(np.round(w[j:j + 64] / top * levels), levels) * top / levels
             out[b, 0, h] = (wq @ (v8[b, :n, g] - vz[b, :n, g, None])) / (wq / vs[b, :n, g]).sum()
     return out
 
@@ -372,8 +372,8 @@ def int8_tolerance(kernel, S, G, D, isa):
       their zero points).
     Quantizing float keys and values per position the way the cache does moves such outputs
     (~9) by 0.2-0.3, 500 times more.
-    The decode kernel built for AVX-512 VNNI (decode_weights_8bit) is held to its own rounding
-    instead: see expect_int8."""
+    The decode kernel built for AVX-512 VNNI or AVX2 (decode_weight_levels) is held to its own
+    rounding instead: see expect_int8."""
     if kernel == "amx-tiled":
         return 5e-4
     generic = kernel == "generic" or D != 64  # the AMX tile takes head dim 64 only
@@ -382,30 +382,36 @@ def int8_tolerance(kernel, S, G, D, isa):
     return 1e-4
 
 
-def decode_weights_8bit(kernel, S, G, D, isa):
-    """Whether these rows run on attention_decode.cpp's kernel built for AVX-512 VNNI (one query
-    row, G <= 8, D 64 or 128), whose weighted sums take the weights as 8-bit fixed point per
-    64-key block (vpdpbusd): up to 2^-9 of the block's largest weight per key. On `_quantized`
-    data, whose rows' value scales span a factor of 25 (a row's weight, P times its scale, can
-    sit far below the block's largest), that moves outputs by up to 0.26 from the float64
-    reference (measured over 60 seeds, 2026-12-02), as much as the cache's own int8 rounding of
-    the values; on the real model it moved nothing measurable (perplexity through decode steps,
-    bench/perplexity.py's text: 95.47 against 95.94 with 16-bit weights at 512-token windows,
-    90.54 against 90.69 at 4,096; test_compact_kv_cache.py within its bounds)."""
+def decode_weight_levels(kernel, S, G, D, isa):
+    """The weight levels of attention_decode.cpp's kernel where these rows run on it (one query
+    row, G <= 8, D 64 or 128) and its weighted sums take the weights as fixed point per 64-key
+    block: 255 built for AVX-512 VNNI (8 bits, vpdpbusd: up to 2^-9 of the block's largest
+    weight per key), 127 built for AVX2 (7 bits, vpmaddubsw: 2^-8); else 0 (float weights). On
+    `_quantized` data, whose rows' value scales span a factor of 25 (a row's weight, P times its
+    scale, can sit far below the block's largest), 8 bits move outputs by up to 0.26 from the
+    float64 reference (measured over 60 seeds, 2026-12-02), as much as the cache's own int8
+    rounding of the values, 7 bits up to 0.16 on kernel_check's cases; on the real model
+    neither moved anything measurable (perplexity through decode steps, bench/perplexity.py's
+    text at 512-token windows: 95.47 with 8 bits against 95.94 with 16; with 7 bits on the
+    AVX2 set 97.17 against 97.49 with float weights, and on argparse.py at 4,096-token windows
+    3.3135 against 3.3124; test_compact_kv_cache.py within its bounds)."""
     generic = kernel == "generic" or D != 64  # the AMX tile takes head dim 64 only
-    return generic and isa == "avx512-vnni" and S == 1 and G <= 8 and D in (64, 128)
+    if not (generic and S == 1 and G <= 8 and D in (64, 128)):
+        return 0
+    return {"avx512-vnni": 255, "avx2": 127}.get(isa, 0)
 
 
 def expect_int8(lib, kernel, out, q, k, v, start_pos, causal, mask=None, relative=None):
     """Asserts out (one call's output on `_quantized` operands) against the float64 reference
-    within int8_tolerance, or, on the 8-bit decode kernel, against ref_sdpa_8bit_weights, its
-    rounding emulated in float64, within 1e-3 (measured 1.7e-4 at most over 60 seeds). With
-    `relative`: within that much of the reference's largest magnitude instead (the 8-bit
-    kernel: 2e-4, measured 4.3e-5)."""
+    within int8_tolerance, or, on the fixed-point decode kernels (decode_weight_levels), against
+    ref_sdpa_8bit_weights, their rounding emulated in float64, within 1e-3 (measured 1.7e-4 at
+    most over 60 seeds with 8 bits). With `relative`: within that much of the reference's
+    largest magnitude instead (those kernels: 2e-4, measured 4.3e-5 with 8 bits)."""
     S, H, D = q[0].shape[1:]
     G = H // k[0].shape[2]
-    if decode_weights_8bit(kernel, S, G, D, vector_isa(lib)):
-        ref = ref_sdpa_8bit_weights(q, k, v, start_pos, causal, mask)
+    levels = decode_weight_levels(kernel, S, G, D, vector_isa(lib))
+    if levels:
+        ref = ref_sdpa_8bit_weights(q, k, v, start_pos, causal, mask, levels)
         tol = 1e-3 if relative is None else 2e-4 * np.abs(ref).max()
     else:
         ref = ref_sdpa(q[3], k[3], v[3], start_pos, causal, mask=mask)
