@@ -390,19 +390,28 @@ inline void vnni_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const 
 // took four FMAs, four conversions and four broadcasts: the largest part of a long decode.
 constexpr float kW7Top = 127.f, kLog2W7Top = 6.988684686772166f;  // log2(127)
 
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
+// Lane h of the result (h < 8): op over the lanes of v[h], in 21 shuffles and ops.
+template <typename Op>
+inline __m256 reduce8x8(const __m256 v[8], Op op) {
+  __m256 t[4], u[2];
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: v[2i]'s and v[2i + 1]'s pairs
+    t[i] = op(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)  // per 128-bit lane: v[4i..4i + 3]'s quarters
+    u[i] = op(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+  return op(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
 // The block's online softmax for the G query heads of one kv head (state at t0), ending in
 // w7_weighted_sums' weights: vnni_softmax's three passes on 8 lanes, with u = round(2^(y - bp +
-// log2(127))) at most 127 and wsc = 2^(bp + (bm - mn) log2(e)) / 127.
+// log2(127))) at most 127 and wsc = 2^(bp + (bm - mn) log2(e)) / 127. The heads' reductions
+// and their per-block arithmetic run with the heads as lanes (reduce8x8); the last pass head by
+// head, its weights packed to bytes four vectors at a time.
 template <int G>
 inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const float* mrow) {
   const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), lowest = _mm256_set1_ps(-INFINITY);
+  const __m256 zero = _mm256_setzero_ps();
+  const auto vmax = [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); };
+  const auto vadd = [](__m256 x, __m256 y) { return _mm256_add_ps(x, y); };
   const int64_t nv = (len + 7) / 8;
   if (mrow)
     for (int h = 0; h < G; ++h) {
@@ -422,57 +431,81 @@ inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const fl
     _mm256_store_ps(sc.lv + 8 * v, log2_256(x));
     _mm256_store_ps(sc.rv + 8 * v, _mm256_div_ps(_mm256_set1_ps(1.f), x));
   }
-  __m256 r[G];
-  for (int h = 0; h < G; ++h) r[h] = lowest;
+  __m256 r[8];
+  for (int h = 0; h < 8; ++h) r[h] = lowest;
   for (int64_t v = 0; v < nv; ++v)
     for (int h = 0; h < G; ++h) r[h] = _mm256_max_ps(r[h], _mm256_load_ps(sc.s + h * kBlock + 8 * v));
-  float bm[G], corr[G];
+  // the heads as lanes (past G: -inf, nothing seen, nothing here)
+  alignas(32) float hv[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  for (int h = 0; h < G; ++h) hv[h] = sc.m[t0 + h];
+  const __m256 mo = _mm256_load_ps(hv), bv = reduce8x8(r, vmax), mn = _mm256_max_ps(mo, bv);
+  const __m256 before = _mm256_cmp_ps(mo, lowest, _CMP_GT_OQ);  // keys seen before
+  const __m256 here = _mm256_cmp_ps(bv, lowest, _CMP_GT_OQ);    // keys visible here
+  const __m256 cv = _mm256_and_ps(before, exp2_256(_mm256_mul_ps(_mm256_sub_ps(mo, mn), log2e)));
+  alignas(32) float corr[8], bm[8], bp[8];
+  _mm256_store_ps(corr, cv);
+  _mm256_store_ps(hv, mn);
   for (int h = 0; h < G; ++h) {
-    const int64_t t = t0 + h;
-    const float b = hmax8(r[h]), mo = sc.m[t], mn = std::max(mo, b);
-    corr[h] = mo > -INFINITY ? std::exp2((mo - mn) * 1.44269504088896341f) : 0.f;
-    if (mo > -INFINITY && corr[h] != 1.f) scale_row(sc.acc + t * D, D, corr[h]);
-    sc.m[t] = mn;
-    bm[h] = b;  // -inf: nothing visible here
-    r[h] = lowest;
+    sc.m[t0 + h] = hv[h];
+    if (sc.l[t0 + h] > 0.f && corr[h] != 1.f) scale_row(sc.acc + (t0 + h) * D, D, corr[h]);
   }
+  // A head with nothing visible works on 0 in place of bm and bp: its rows stay -inf, its
+  // weights 0 and wsc 0, nothing NaN.
+  _mm256_store_ps(bm, _mm256_and_ps(here, bv));
+  for (int h = 0; h < G; ++h) r[h] = lowest;
   for (int64_t v = 0; v < nv; ++v) {  // y, and bp
     const __m256 lv = _mm256_load_ps(sc.lv + 8 * v);
     for (int h = 0; h < G; ++h) {
       float* p = sc.s + h * kBlock + 8 * v;
-      const float b = bm[h] > -INFINITY ? bm[h] : 0.f;
-      const __m256 y = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_load_ps(p), _mm256_set1_ps(b)), log2e, lv);
+      const __m256 y = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_load_ps(p), _mm256_set1_ps(bm[h])), log2e, lv);
       r[h] = _mm256_max_ps(r[h], y);
       _mm256_store_ps(p, y);
     }
   }
-  __m256 bo[G], S[G], zc[G];
-  for (int h = 0; h < G; ++h) {
-    const bool here = bm[h] > -INFINITY;
-    const float bp = here ? hmax8(r[h]) : 0.f;
-    sc.wsc[h] = here ? std::exp2((bm[h] - sc.m[t0 + h]) * 1.44269504088896341f + bp) / kW7Top : 0.f;
-    bo[h] = _mm256_set1_ps(bp - kLog2W7Top);
-    S[h] = zc[h] = _mm256_setzero_ps();
-  }
+  const __m256 bpv = _mm256_and_ps(here, reduce8x8(r, vmax));
+  _mm256_store_ps(bp, bpv);
+  const __m256 wv = _mm256_and_ps(
+      here, _mm256_mul_ps(exp2_256(_mm256_fmadd_ps(_mm256_sub_ps(bv, mn), log2e, bpv)), _mm256_set1_ps(1.f / kW7Top)));
+  _mm256_store_ps(hv, wv);
+  for (int h = 0; h < G; ++h) sc.wsc[h] = hv[h];
+
   const __m256 top = _mm256_set1_ps(kW7Top);
-  for (int64_t v = 0; v < nv; ++v) {  // the weights, their sum and zero-point sum
-    const __m256 rv = _mm256_load_ps(sc.rv + 8 * v);
-    const __m256 vz = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc.vzi + 8 * v)));
-    for (int h = 0; h < G; ++h) {
-      const __m256 w = exp2_256(_mm256_sub_ps(_mm256_load_ps(sc.s + h * kBlock + 8 * v), bo[h]));
-      const __m256 u = _mm256_min_ps(_mm256_round_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), top);
-      S[h] = _mm256_fmadd_ps(u, rv, S[h]);  // the weights as rounded: they and l agree
-      zc[h] = _mm256_fmadd_ps(u, vz, zc[h]);  // integers below 2^24: exact
-      const __m256i ui = _mm256_cvtps_epi32(u);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256 S[8], zc[8];
+  for (int h = 0; h < 8; ++h) S[h] = zc[h] = zero;
+  for (int h = 0; h < G; ++h) {  // the weights, their sum and zero-point sum
+    const __m256 bo = _mm256_set1_ps(bp[h] - kLog2W7Top);
+    const float* y = sc.s + h * kBlock;
+    uint8_t* wq = sc.wq + h * kBlock;
+    auto weights = [&](int64_t v) {  // vector v's as int32
+      const __m256 u = _mm256_min_ps(
+          _mm256_round_ps(exp2_256(_mm256_sub_ps(_mm256_load_ps(y + 8 * v), bo)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          top);
+      S[h] = _mm256_fmadd_ps(u, _mm256_load_ps(sc.rv + 8 * v), S[h]);  // the weights as rounded: they and l agree
+      zc[h] = _mm256_fmadd_ps(u, _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc.vzi + 8 * v))),
+                              zc[h]);  // integers below 2^24: exact
+      return _mm256_cvtps_epi32(u);
+    };
+    int64_t v = 0;
+    for (; v + 4 <= nv; v += 4) {  // 32 weights: words per 128-bit lane, bytes, then in order
+      const __m256i a = _mm256_packs_epi32(weights(v), weights(v + 1));
+      const __m256i b = _mm256_packs_epi32(weights(v + 2), weights(v + 3));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wq + 8 * v),
+                         _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order));
+    }
+    for (; v < nv; ++v) {
+      const __m256i ui = weights(v);
       const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(ui), _mm256_extracti128_si256(ui, 1));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(sc.wq + h * kBlock + 8 * v), _mm_packus_epi16(w16, w16));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(wq + 8 * v), _mm_packus_epi16(w16, w16));
     }
   }
-  for (int h = 0; h < G; ++h) {
-    const int64_t t = t0 + h;
-    sc.l[t] = sc.l[t] * corr[h] + sc.wsc[h] * hsum256(S[h]);
-    sc.wzc[h] = bm[h] > -INFINITY ? static_cast<int32_t>(hsum256(zc[h])) : 0;
-  }
+  const __m256 St = reduce8x8(S, vadd);
+  _mm256_store_ps(hv, _mm256_and_ps(here, reduce8x8(zc, vadd)));
+  for (int h = 0; h < G; ++h) sc.wzc[h] = static_cast<int32_t>(hv[h]);
+  alignas(32) float lo[8] = {};
+  for (int h = 0; h < G; ++h) lo[h] = sc.l[t0 + h];
+  _mm256_store_ps(lo, _mm256_fmadd_ps(_mm256_load_ps(lo), cv, _mm256_mul_ps(wv, St)));
+  for (int h = 0; h < G; ++h) sc.l[t0 + h] = lo[h];
 }
 
 // acc += wsc * (sum over the block's value rows of u * (v8 - v_zp)), per head, 16 dims at a
