@@ -33,6 +33,12 @@ constexpr float kExpMin = -87.0f, kExpMax = 88.0f;
 constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+// The decode kernels' 2^f, |f| <= 1/2 (exp2_512, exp2_256): a degree-5 polynomial fitted for
+// relative error, highest power first; and their log2(m), m in [0.75, 1.5) (log2_512,
+// log2_256): 2 atanh(z) / ln 2, z = (m - 1) / (m + 1), by its series to z^7.
+constexpr float kExp2Poly[6] = {1.327647129073739e-3f, 9.675541892647743e-3f, 5.550713092088699e-2f,
+                                0.24022120237350464f, 0.6931469440460205f, 1.0000001192092896f};
+constexpr float kAtanhSeries[4] = {1.f / 7.f, 1.f / 5.f, 1.f / 3.f, 1.f};
 
 }  // namespace etserve::simd
 
@@ -67,12 +73,8 @@ inline __m512 exp2_512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));  // 2^-126: the smallest normal float
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.327647129073739e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541892647743e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022120237350464f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469440460205f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
+  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -84,9 +86,8 @@ inline __m512 log2_512(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.f);
   const __m512 z = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one));
   const __m512 z2 = _mm512_mul_ps(z, z);
-  __m512 p = _mm512_fmadd_ps(z2, _mm512_set1_ps(1.f / 7.f), _mm512_set1_ps(1.f / 5.f));
-  p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(1.f / 3.f));
-  p = _mm512_fmadd_ps(p, z2, one);
+  __m512 p = _mm512_set1_ps(kAtanhSeries[0]);
+  for (int i = 1; i < 4; ++i) p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(kAtanhSeries[i]));
   return _mm512_fmadd_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(2.f * 1.44269504088896341f), e);
 }
 #endif
@@ -125,12 +126,8 @@ inline __m256 exp2_256(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.327647129073739e-3f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.675541892647743e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550713092088699e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022120237350464f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931469440460205f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0000001192092896f));
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
@@ -144,9 +141,8 @@ inline __m256 log2_256(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.f);
   const __m256 z = _mm256_div_ps(_mm256_sub_ps(m, one), _mm256_add_ps(m, one));
   const __m256 z2 = _mm256_mul_ps(z, z);
-  __m256 p = _mm256_fmadd_ps(z2, _mm256_set1_ps(1.f / 7.f), _mm256_set1_ps(1.f / 5.f));
-  p = _mm256_fmadd_ps(p, z2, _mm256_set1_ps(1.f / 3.f));
-  p = _mm256_fmadd_ps(p, z2, one);
+  __m256 p = _mm256_set1_ps(kAtanhSeries[0]);
+  for (int i = 1; i < 4; ++i) p = _mm256_fmadd_ps(p, z2, _mm256_set1_ps(kAtanhSeries[i]));
   return _mm256_fmadd_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(2.f * 1.44269504088896341f), _mm256_cvtepi32_ps(e));
 }
 #endif
