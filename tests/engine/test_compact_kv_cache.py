@@ -50,6 +50,10 @@ block, ~2^-14 of the outputs' range; they differ in the order of fp32 roundings)
   ETSERVE_ATTENTION=generic: 0.013, 0.054 (mean 0.0069), 60 of 64, identical for 5 tokens
   (margin 0.007); the 16-bit library on the same host and run: 0.013, 0.070 (mean 0.0074),
   62 of 64, 5 tokens.
+  On the AVX2 set (ETSERVE_ISA=avx2 on an AMD EPYC, 2026-12-04), the decode kernel's weights
+  as 7-bit fixed point per 64-key block (vpmaddubsw, 2^-8 of the block's largest per key):
+  0.013, 0.032 (mean 0.0069), 60 of 64, identical for 11 tokens; the same set's float weights
+  before it, same host and hour: 0.013, 0.074 (mean 0.0076), 58 of 64, 8 tokens.
 How much of that is the kernels and how much is which text the int8 model writes: multiplying
 the decode kernel's weights by 1 +- 1e-6 on alternate keys (far below the int8 caches' own
 error) moved the worst generated position from 0.049 (mean 0.0087) to 0.039, 0.064 and 0.050

@@ -94,9 +94,9 @@ def ref_sdpa(q, kc, vc, start_pos, causal, mask=None, scale=None):
 def ref_sdpa_8bit_weights(q, k, v, start_pos, causal, mask=None, levels=255):
     """ref_sdpa for one query row (S == 1) as attention_decode.cpp's AVX-512 VNNI kernel
     (levels 255) or AVX2 kernel (127) rounds it: per head and 64-key block (from key 0), the
-    weights p * v_scale as multiples of 1/levels of the block's largest, rounded to nearest; the values' sum and the weights' sum (p as
-    rounded) both from those. k, v: `_quantized` tuples (v's raw int8, scales, zero points are
-    used as the kernel uses them)."""
+    weights p * v_scale as multiples of 1/levels of the block's largest, rounded to nearest;
+    the values' sum and the weights' sum (p as rounded) both from those. k, v: `_quantized`
+    tuples (v's raw int8, scales, zero points are used as the kernel uses them)."""
     qf, kf = q[3], k[3]
     v8, vs, vz = v[0].astype(np.float64), v[1].astype(np.float64)[..., 0], v[2].astype(np.float64)[..., 0]
     B, S, H, D = qf.shape
