@@ -116,8 +116,8 @@ struct alignas(64) Scratch {
   int32_t wzc[kMaxG];
   float wsc[kMaxG];
 #if !defined(ETS_AVX512)
-  // AVX2 (ETS_DECODE_I16): the int8 queries as int16; per head and key 8 lanes of an int32 dot
-  // product (head G: the key's own sum)
+  // AVX2 (ETS_DECODE_I16): the int8 queries less their zero points as int16; per head and key
+  // 8 lanes of an int32 dot product
   alignas(32) int16_t q16[kMaxH * kMaxD];
   alignas(32) int32_t ipart[kMaxG * kBlock * 8];
 #endif
@@ -408,7 +408,7 @@ inline __m256 reduce8x8(const __m256 v[8], Op op) {
 // head, its weights packed to bytes four vectors at a time.
 template <int G>
 inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const float* mrow) {
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), lowest = _mm256_set1_ps(-INFINITY);
+  const __m256 log2e = _mm256_set1_ps(kLog2e), lowest = _mm256_set1_ps(-INFINITY);
   const __m256 zero = _mm256_setzero_ps();
   const auto vmax = [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); };
   const auto vadd = [](__m256 x, __m256 y) { return _mm256_add_ps(x, y); };

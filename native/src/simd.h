@@ -88,7 +88,7 @@ inline __m512 log2_512(__m512 x) {
   const __m512 z2 = _mm512_mul_ps(z, z);
   __m512 p = _mm512_set1_ps(kAtanhSeries[0]);
   for (int i = 1; i < 4; ++i) p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(kAtanhSeries[i]));
-  return _mm512_fmadd_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(2.f * 1.44269504088896341f), e);
+  return _mm512_fmadd_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(2.f * kLog2e), e);
 }
 #endif
 
@@ -143,7 +143,7 @@ inline __m256 log2_256(__m256 x) {
   const __m256 z2 = _mm256_mul_ps(z, z);
   __m256 p = _mm256_set1_ps(kAtanhSeries[0]);
   for (int i = 1; i < 4; ++i) p = _mm256_fmadd_ps(p, z2, _mm256_set1_ps(kAtanhSeries[i]));
-  return _mm256_fmadd_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(2.f * 1.44269504088896341f), _mm256_cvtepi32_ps(e));
+  return _mm256_fmadd_ps(_mm256_mul_ps(p, z), _mm256_set1_ps(2.f * kLog2e), _mm256_cvtepi32_ps(e));
 }
 #endif
 
