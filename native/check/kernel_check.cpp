@@ -119,9 +119,10 @@ int decode_weight_levels(const Shape& s, bool int8) {
 }
 
 // softmax(q k^T / sqrt(D) + mask) v in float64, as ref_sdpa in test_llm_ops.py.
-bool check_attention(const Shape& s, bool causal, bool int8, bool masked, uint64_t seed, const char* what) {
+bool check_attention(const Shape& s, bool causal, bool int8, bool masked, uint64_t seed, const char* what,
+                     bool q_int8 = true) {
   Rng r(seed);
-  Operand q(r, s.B, s.S, s.H, s.D, int8), k(r, s.B, s.Smax, s.Hkv, s.D, int8), v(r, s.B, s.Smax, s.Hkv, s.D, int8);
+  Operand q(r, s.B, s.S, s.H, s.D, int8 && q_int8), k(r, s.B, s.Smax, s.Hkv, s.D, int8), v(r, s.B, s.Smax, s.Hkv, s.D, int8);
   std::vector<float> mask;
   if (masked) {  // additive, some keys cut off (-inf) and the rest moved a little
     mask.resize(size_t(s.S) * s.Smax);
@@ -343,6 +344,11 @@ int main(int argc, char** argv) {
     count(check_attention(kShapes[i], false, false, true, seed++, "fp32"));
     count(check_attention(kShapes[i], false, true, true, seed++, "int8"));
   }
+  // float queries over int8 caches, one row: the decode kernels' float dot products (the
+  // operators pair int8 caches with int8 queries; attention_decode.cpp keeps the path)
+  for (const Shape& s : kShapes)
+    if (s.S == 1 && decode_weight_levels(s, true) != 0)
+      for (bool masked : {false, true}) count(check_attention(s, !masked, true, masked, seed++, "fp32-q int8-kv", false));
   // test_linear_q4.py's layers: decode rows, pairs, prefill panels, AMX tiles of 16 rows
   const struct { int m, k, n; bool bias; } kLayers[] = {
       {1, 64, 4, false},   {1, 896, 896, true}, {1, 4864, 20, false}, {2, 128, 8, true},

@@ -82,13 +82,17 @@ struct Vec {
 #endif
 
 #if !defined(ETS_AVX512)
-// Lane r: the sum of the 8 int32 lanes of vector r of p[0..64).
-inline __m256i hsum8x8_epi32(const int32_t* p) {
-  auto ld = [p](int r) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 8 * r)); };
-  const __m256i s01 = _mm256_hadd_epi32(ld(0), ld(1)), s23 = _mm256_hadd_epi32(ld(2), ld(3));
-  const __m256i s45 = _mm256_hadd_epi32(ld(4), ld(5)), s67 = _mm256_hadd_epi32(ld(6), ld(7));
-  const __m256i s0123 = _mm256_hadd_epi32(s01, s23), s4567 = _mm256_hadd_epi32(s45, s67);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20), _mm256_permute2x128_si256(s0123, s4567, 0x31));
+// Four vectors of two keys each (key 2i in the low half of vector i, key 2i + 1 in the high
+// half, four int32 lanes apiece) -> lane r the total of key (0, 2, 4, 6, 1, 3, 5, 7)[r]: three
+// levels of vphaddd's adds, each through two vshufps (measured on an AMD EPYC: vphaddd issues once
+// every two cycles, a shuffle twice a cycle).
+inline __m256i hadd3(const int32_t* p) {
+  auto hadd = [](__m256 a, __m256 b) {
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88)),
+                                                _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xDD))));
+  };
+  auto ld = [p](int r) { return _mm256_load_ps(reinterpret_cast<const float*>(p + 8 * r)); };
+  return _mm256_castps_si256(hadd(hadd(ld(0), ld(1)), hadd(ld(2), ld(3))));
 }
 #endif
 
@@ -116,10 +120,13 @@ struct alignas(64) Scratch {
   int32_t wzc[kMaxG];
   float wsc[kMaxG];
 #if !defined(ETS_AVX512)
-  // AVX2 (ETS_DECODE_I16): the int8 queries less their zero points as int16; per head and key
-  // 8 lanes of an int32 dot product
+  // AVX2 (ETS_DECODE_I16): the int8 queries less their zero points as int16, and again with
+  // each 8 dims twice (the scores take two keys a vector); per head and pair of keys 4 + 4 lanes
+  // of int32 dot products; per head the block's maxima of the scores and of y (w7_softmax)
   alignas(32) int16_t q16[kMaxH * kMaxD];
-  alignas(32) int32_t ipart[kMaxG * kBlock * 8];
+  alignas(32) int16_t q2[kMaxH * kMaxD * 2];
+  alignas(32) int32_t ipart[kMaxG * kBlock * 4];
+  __m256 smax[8], ymax[8];
 #endif
 };
 
@@ -401,71 +408,76 @@ inline __m256 reduce8x8(const __m256 v[8], Op op) {
   return op(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
-// The block's online softmax for the G query heads of one kv head (state at t0), ending in
-// w7_weighted_sums' weights: vnni_softmax's three passes on 8 lanes, with u = round(2^(y - bp +
-// log2(127))) at most 127 and wsc = 2^(bp + (bm - mn) log2(e)) / 127. The heads' reductions
-// and their per-block arithmetic run with the heads as lanes (reduce8x8); the last pass head by
-// head, its weights packed to bytes four vectors at a time.
+// Before the block's scores: the value scales' log2 and reciprocals (a scale of 0 taken as 1e-30,
+// as the VNNI kernel) and zero points as floats; the last vector's lanes past len weigh nothing.
+inline void w7_prepare(Scratch& sc, int64_t len) {
+  const int64_t nv = (len + 7) / 8;
+  for (int64_t j = len; j < nv * 8; ++j) {
+    sc.vsc[j] = 1.f;
+    sc.vzi[j] = 0;
+  }
+  for (int64_t v = 0; v < nv; ++v) {
+    const __m256 x = _mm256_max_ps(_mm256_load_ps(sc.vsc + 8 * v), _mm256_set1_ps(1e-30f));
+    _mm256_store_ps(sc.lv + 8 * v, log2_256(x));
+    _mm256_store_ps(sc.rv + 8 * v, _mm256_div_ps(_mm256_set1_ps(1.f), x));
+    _mm256_storeu_ps(sc.vzp + 8 * v, _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.vzi + 8 * v))));
+  }
+}
+
+// Where the scores are made, 8 keys at a time (put): the scores s of keys [j, j + 8) of head h
+// without the mask row (added here) and with lanes from `len` on past the block (-inf here).
+// Keeps y = s log2(e) + log2(v_scale) in sc.s for w7_softmax, and the maxima of s and of y.
+struct W7Scores {
+  const float* mr;  // the mask row at the block's first key, or null
+  int64_t len;
+  __m256i tail;  // the lanes of the block's last vector that are keys
+  W7Scores(const float* mrow, int64_t n) : mr(mrow), len(n) {
+    const int64_t t = n % 8 ? n % 8 : 8;
+    tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(t)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  void put(Scratch& sc, int h, int64_t j, __m256 s, __m256& smax, __m256& ymax) const {
+    const bool last = j + 8 > len;
+    if (mr) s = _mm256_add_ps(s, last ? _mm256_maskload_ps(mr + j, tail) : _mm256_loadu_ps(mr + j));
+    if (last) s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_castsi256_ps(tail));
+    const __m256 y = _mm256_fmadd_ps(s, _mm256_set1_ps(kLog2e), _mm256_load_ps(sc.lv + j));
+    smax = _mm256_max_ps(smax, s);
+    ymax = _mm256_max_ps(ymax, y);
+    _mm256_store_ps(sc.s + h * kBlock + j, y);
+  }
+};
+
+// The block's online softmax for the G query heads of one kv head (state at t0), from the y and
+// maxima W7Scores left, ending in w7_weighted_sums' weights: vnni_softmax's passes on 8 lanes,
+// with bp the block's largest y, u = round(2^(y - bp + log2(127))) at most 127 and
+// wsc = 2^(bp - mn log2(e)) / 127. The heads' maxima and their per-block arithmetic run with the
+// heads as lanes (reduce8x8); the weights head by head, packed to bytes four vectors at a time.
 template <int G>
-inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const float* mrow) {
+inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len) {
   const __m256 log2e = _mm256_set1_ps(kLog2e), lowest = _mm256_set1_ps(-INFINITY);
   const __m256 zero = _mm256_setzero_ps();
   const auto vmax = [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); };
   const auto vadd = [](__m256 x, __m256 y) { return _mm256_add_ps(x, y); };
   const int64_t nv = (len + 7) / 8;
-  if (mrow)
-    for (int h = 0; h < G; ++h) {
-      float* p = sc.s + h * kBlock;
-      int64_t j = 0;
-      for (; j + 8 <= len; j += 8) _mm256_store_ps(p + j, _mm256_add_ps(_mm256_load_ps(p + j), _mm256_loadu_ps(mrow + j)));
-      for (; j < len; ++j) p[j] += mrow[j];
-    }
-  for (int64_t j = len; j < nv * 8; ++j) {  // the last vector's lanes past len: nothing to weigh
-    for (int h = 0; h < G; ++h) sc.s[h * kBlock + j] = -INFINITY;
-    sc.vsc[j] = 1.f;
-    sc.vzi[j] = 0;
-  }
-  // the value scales' log2 and reciprocals (a scale of 0 taken as 1e-30, as the VNNI kernel)
-  for (int64_t v = 0; v < nv; ++v) {
-    const __m256 x = _mm256_max_ps(_mm256_load_ps(sc.vsc + 8 * v), _mm256_set1_ps(1e-30f));
-    _mm256_store_ps(sc.lv + 8 * v, log2_256(x));
-    _mm256_store_ps(sc.rv + 8 * v, _mm256_div_ps(_mm256_set1_ps(1.f), x));
-  }
-  __m256 r[8];
-  for (int h = 0; h < 8; ++h) r[h] = lowest;
-  for (int64_t v = 0; v < nv; ++v)
-    for (int h = 0; h < G; ++h) r[h] = _mm256_max_ps(r[h], _mm256_load_ps(sc.s + h * kBlock + 8 * v));
-  // the heads as lanes (past G: -inf, nothing seen, nothing here)
+  for (int h = G; h < 8; ++h) sc.smax[h] = sc.ymax[h] = lowest;  // past G: nothing seen, nothing here
   alignas(32) float hv[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
   for (int h = 0; h < G; ++h) hv[h] = sc.m[t0 + h];
-  const __m256 mo = _mm256_load_ps(hv), bv = reduce8x8(r, vmax), mn = _mm256_max_ps(mo, bv);
+  const __m256 mo = _mm256_load_ps(hv), bv = reduce8x8(sc.smax, vmax), mn = _mm256_max_ps(mo, bv);
   const __m256 before = _mm256_cmp_ps(mo, lowest, _CMP_GT_OQ);  // keys seen before
   const __m256 here = _mm256_cmp_ps(bv, lowest, _CMP_GT_OQ);    // keys visible here
   const __m256 cv = _mm256_and_ps(before, exp2_256(_mm256_mul_ps(_mm256_sub_ps(mo, mn), log2e)));
-  alignas(32) float corr[8], bm[8], bp[8];
+  alignas(32) float corr[8], bp[8];
   _mm256_store_ps(corr, cv);
   _mm256_store_ps(hv, mn);
   for (int h = 0; h < G; ++h) {
     sc.m[t0 + h] = hv[h];
     if (sc.l[t0 + h] > 0.f && corr[h] != 1.f) scale_row(sc.acc + (t0 + h) * D, D, corr[h]);
   }
-  // A head with nothing visible works on 0 in place of bm and bp: its rows stay -inf, its
+  // A head with nothing visible here works on 0 in place of bp and mn: its y stay -inf, its
   // weights 0 and wsc 0, nothing NaN.
-  _mm256_store_ps(bm, _mm256_and_ps(here, bv));
-  for (int h = 0; h < G; ++h) r[h] = lowest;
-  for (int64_t v = 0; v < nv; ++v) {  // y, and bp
-    const __m256 lv = _mm256_load_ps(sc.lv + 8 * v);
-    for (int h = 0; h < G; ++h) {
-      float* p = sc.s + h * kBlock + 8 * v;
-      const __m256 y = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_load_ps(p), _mm256_set1_ps(bm[h])), log2e, lv);
-      r[h] = _mm256_max_ps(r[h], y);
-      _mm256_store_ps(p, y);
-    }
-  }
-  const __m256 bpv = _mm256_and_ps(here, reduce8x8(r, vmax));
+  const __m256 bpv = _mm256_and_ps(here, reduce8x8(sc.ymax, vmax));
   _mm256_store_ps(bp, bpv);
   const __m256 wv = _mm256_and_ps(
-      here, _mm256_mul_ps(exp2_256(_mm256_fmadd_ps(_mm256_sub_ps(bv, mn), log2e, bpv)), _mm256_set1_ps(1.f / kW7Top)));
+      here, _mm256_mul_ps(exp2_256(_mm256_fnmadd_ps(_mm256_and_ps(here, mn), log2e, bpv)), _mm256_set1_ps(1.f / kW7Top)));
   _mm256_store_ps(hv, wv);
   for (int h = 0; h < G; ++h) sc.wsc[h] = hv[h];
 
@@ -482,8 +494,7 @@ inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len, const fl
           _mm256_round_ps(exp2_256(_mm256_sub_ps(_mm256_load_ps(y + 8 * v), bo)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
           top);
       S[h] = _mm256_fmadd_ps(u, _mm256_load_ps(sc.rv + 8 * v), S[h]);  // the weights as rounded: they and l agree
-      zc[h] = _mm256_fmadd_ps(u, _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc.vzi + 8 * v))),
-                              zc[h]);  // integers below 2^24: exact
+      zc[h] = _mm256_fmadd_ps(u, _mm256_loadu_ps(sc.vzp + 8 * v), zc[h]);  // integers below 2^24: exact
       return _mm256_cvtps_epi32(u);
     };
     int64_t v = 0;
@@ -658,6 +669,9 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
 #endif
   }
 
+#if defined(ETS_DECODE_I16)
+  w7_prepare(sc, len);
+#endif
 #if defined(ETS_DECODE_VNNI)
   if (a.q.i8 != nullptr) {
     // Exact int32 scores (simd.h's exact_scores16): 16 keys at a time transposed in
@@ -708,45 +722,60 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
 #endif
 #if defined(ETS_DECODE_I16)
   if (a.q.i8 != nullptr) {
-    // Exact int32 scores: per key row its D / 16 vectors of int16, per head D / 16 vpmaddwd
-    // against the query's (less its zero point), 8 lanes stored; then eight keys' lanes summed
-    // at a time.
+    // Exact int32 scores: two key rows at a time as D / 8 vectors of int16 (each 8 dims of the
+    // first row, then the same of the second), per head D / 8 vpmaddwd against the query's (less
+    // its zero point, each 8 dims twice: q2) and 4 + 4 lanes stored; then eight keys' lanes
+    // summed at a time (hadd3), half the reductions of one key a vector.
     constexpr int NK = D / 16;
-    const int16_t* qb = sc.q16 + t0 * D;
+    const int16_t* qb = sc.q2 + t0 * 2 * D;
     asm("" : "+r"(qb));  // the queries at constant offsets from one register (see the VNNI path)
     const int64_t n_far = std::min(kBlock, jend - jb - kFar * kBlock);
-    for (int64_t j = 0; j < len; ++j) {
+    for (int64_t j = 0; j < len; j += 2) {
       const int8_t* kr = kd + (jb + j) * K.ss;
+      const int8_t* kr2 = j + 1 < len ? kr + K.ss : kr;  // an odd block's last row: twice
       const int8_t* vr = vd + (jb + j) * V.ss;
-      if (j < n_ahead)
-        for (int o = 0; o < D; o += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * kBlock * K.ss + o), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(vr + kAhead * kBlock * V.ss + o), _MM_HINT_T0);
-        }
-      if (j < n_far)
-        for (int o = 0; o < D; o += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kr + kFar * kBlock * K.ss + o), _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(vr + kFar * kBlock * V.ss + o), _MM_HINT_T1);
-        }
-      __m256i k16[NK];
-      for (int c = 0; c < NK; ++c)
-        k16[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + c * 16)));
+      for (int64_t x = 0; x < 2; ++x) {
+        if (j + x < n_ahead)
+          for (int o = 0; o < D; o += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(kr + (kAhead * kBlock + x) * K.ss + o), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(vr + (kAhead * kBlock + x) * V.ss + o), _MM_HINT_T0);
+          }
+        if (j + x < n_far)
+          for (int o = 0; o < D; o += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(kr + (kFar * kBlock + x) * K.ss + o), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(vr + (kFar * kBlock + x) * V.ss + o), _MM_HINT_T1);
+          }
+      }
+      __m256i k16[2 * NK];
+      for (int c = 0; c < NK; ++c) {
+        const __m128i ra = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + c * 16));
+        const __m128i rb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kr2 + c * 16));
+        k16[2 * c] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi64(ra, rb));
+        k16[2 * c + 1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi64(ra, rb));
+      }
       for (int h = 0; h < G; ++h) {
-        const __m256i* qh = reinterpret_cast<const __m256i*>(qb + h * D);
+        const __m256i* qh = reinterpret_cast<const __m256i*>(qb + h * 2 * D);
         __m256i x = _mm256_madd_epi16(k16[0], _mm256_load_si256(qh));
-        for (int c = 1; c < NK; ++c) x = _mm256_add_epi32(x, _mm256_madd_epi16(k16[c], _mm256_load_si256(qh + c)));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(sc.ipart + (h * kBlock + j) * 8), x);
+        for (int c = 1; c < 2 * NK; ++c) x = _mm256_add_epi32(x, _mm256_madd_epi16(k16[c], _mm256_load_si256(qh + c)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sc.ipart + (h * kBlock + j) * 4), x);
       }
     }
-    for (int64_t j = 0; j < len; j += 8) {  // past len: unused lanes
-      const __m256i kz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.kzi + j));
-      const __m256 ksv = _mm256_loadu_ps(sc.ksc + j);
-      for (int h = 0; h < G; ++h) {
-        const __m256i dot = _mm256_sub_epi32(hsum8x8_epi32(sc.ipart + (h * kBlock + j) * 8),
-                                             _mm256_mullo_epi32(kz, _mm256_set1_epi32(sc.q8sum[t0 + h])));
-        _mm256_store_ps(sc.s + h * kBlock + j,
-                        _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), ksv), _mm256_set1_ps(sc.q8sc[t0 + h])));
+    // less kz Q' (vpmaddwd: kz's high word is its sign, Q''s zero; |Q'| <= 255 D < 2^15), times
+    // the scales
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // hadd3's lanes in key order
+    const W7Scores put(mrow ? mrow + jb : nullptr, len);
+    for (int h = 0; h < G; ++h) {
+      const __m256i qs = _mm256_set1_epi32(sc.q8sum[t0 + h] & 0xFFFF);
+      const __m256 qsc = _mm256_set1_ps(sc.q8sc[t0 + h]);
+      __m256 smax = _mm256_set1_ps(-INFINITY), ymax = smax;
+      for (int64_t j = 0; j < len; j += 8) {  // lanes past len: put's -inf
+        const __m256i sum = _mm256_permutevar8x32_epi32(hadd3(sc.ipart + (h * kBlock + j) * 4), order);
+        const __m256i kz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.kzi + j));
+        const __m256i dot = _mm256_sub_epi32(sum, _mm256_madd_epi16(kz, qs));
+        put.put(sc, h, j, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_loadu_ps(sc.ksc + j)), qsc), smax, ymax);
       }
+      sc.smax[h] = smax;
+      sc.ymax[h] = ymax;
     }
   } else
 #endif
@@ -785,12 +814,21 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       }
       for (; j < len; ++j) srow[j] = sc.ksc[j] * (hsum256(_mm256_load_ps(p + j * 8)) - sc.kzp[j] * sc.qsum[t0 + h]);
     }
+#if defined(ETS_DECODE_I16)
+    const W7Scores put(mrow ? mrow + jb : nullptr, len);
+    for (int h = 0; h < G; ++h) {
+      __m256 smax = _mm256_set1_ps(-INFINITY), ymax = smax;
+      for (int64_t j = 0; j < len; j += 8) put.put(sc, h, j, _mm256_load_ps(sc.s + h * kBlock + j), smax, ymax);
+      sc.smax[h] = smax;
+      sc.ymax[h] = ymax;
+    }
+#endif
   }
 
 #if defined(ETS_DECODE_VNNI)
   vnni_softmax<G>(sc, t0, D, len, mrow ? mrow + jb : nullptr);
 #elif defined(ETS_DECODE_I16)
-  w7_softmax<G>(sc, t0, D, len, mrow ? mrow + jb : nullptr);
+  w7_softmax<G>(sc, t0, D, len);
 #else
   // Online softmax; the weights times the value scales, and their zero-point correction.
   for (int h = 0; h < G; ++h) {
@@ -870,6 +908,11 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       const int32_t sum = raw_query(a, b, i, t, D, q16, sc.q8zp[t], sc.q8sc[t]);
       for (int d = 0; d < D; ++d) q16[d] = static_cast<int16_t>(q16[d] - sc.q8zp[t]);
       sc.q8sum[t] = sum - static_cast<int32_t>(D) * sc.q8zp[t];
+      int16_t* q2 = sc.q2 + t * 2 * D;
+      for (int d = 0; d < D; d += 8) {
+        std::copy(q16 + d, q16 + d + 8, q2 + 2 * d);
+        std::copy(q16 + d, q16 + d + 8, q2 + 2 * d + 8);
+      }
     }
 #endif
 #if defined(ETS_DECODE_VNNI)

@@ -5,8 +5,9 @@
 // AVX-512 VNNI the scores are exact int32 dot products (16 keys transposed in
 // registers) and the weighted sums take the weights as 8-bit fixed point per
 // head and 64-key block (vpdpbusd over quads of keys); with AVX2 the scores
-// are exact int32 dot products too (int16 keys, queries less their zero
-// point, vpmaddwd; eight keys' lanes reduced at a time) and the weighted sums
+// are exact int32 dot products too (int16 keys two rows a vector, queries
+// less their zero point, vpmaddwd; eight keys' lanes reduced at a time, and
+// the softmax's maxima taken as they are made) and the weighted sums
 // take 7-bit weights (vpmaddubsw and vpmaddwd over quads of keys: the widest
 // that vpmaddubsw's saturating words hold exactly). Rows a few blocks ahead
 // are prefetched while a block is worked, so a long cache streams from memory.
