@@ -120,10 +120,9 @@ struct alignas(64) Scratch {
   int32_t wzc[kMaxG];
   float wsc[kMaxG];
 #if !defined(ETS_AVX512)
-  // AVX2 (ETS_DECODE_I16): the int8 queries less their zero points as int16, and again with
-  // each 8 dims twice (the scores take two keys a vector); per head and pair of keys 4 + 4 lanes
-  // of int32 dot products; per head the block's maxima of the scores and of y (w7_softmax)
-  alignas(32) int16_t q16[kMaxH * kMaxD];
+  // AVX2 (ETS_DECODE_I16): the int8 queries less their zero points as int16, each 8 dims twice
+  // (the scores take two keys a vector); per head and pair of keys 4 + 4 lanes of int32 dot
+  // products; per head the block's maxima of the scores and of y (w7_softmax)
   alignas(32) int16_t q2[kMaxH * kMaxD * 2];
   alignas(32) int32_t ipart[kMaxG * kBlock * 4];
   __m256 smax[8], ymax[8];
@@ -409,32 +408,42 @@ inline __m256 reduce8x8(const __m256 v[8], Op op) {
 }
 
 // Before the block's scores: the value scales' log2 and reciprocals (a scale of 0 taken as 1e-30,
-// as the VNNI kernel) and zero points as floats; the last vector's lanes past len weigh nothing.
+// as the VNNI kernel); the last vector's lanes past len weigh nothing.
 inline void w7_prepare(Scratch& sc, int64_t len) {
   const int64_t nv = (len + 7) / 8;
   for (int64_t j = len; j < nv * 8; ++j) {
     sc.vsc[j] = 1.f;
-    sc.vzi[j] = 0;
+    sc.vzp[j] = 0.f;
   }
   for (int64_t v = 0; v < nv; ++v) {
     const __m256 x = _mm256_max_ps(_mm256_load_ps(sc.vsc + 8 * v), _mm256_set1_ps(1e-30f));
     _mm256_store_ps(sc.lv + 8 * v, log2_256(x));
     _mm256_store_ps(sc.rv + 8 * v, _mm256_div_ps(_mm256_set1_ps(1.f), x));
-    _mm256_storeu_ps(sc.vzp + 8 * v, _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.vzi + 8 * v))));
   }
 }
 
-// Where the scores are made, 8 keys at a time (put): the scores s of keys [j, j + 8) of head h
-// without the mask row (added here) and with lanes from `len` on past the block (-inf here).
-// Keeps y = s log2(e) + log2(v_scale) in sc.s for w7_softmax, and the maxima of s and of y.
-struct W7Scores {
+// Where the scores are made, head by head (head): score(j) gives the scores s of keys
+// [j, j + 8) of head h without the mask row (added here), lanes from `len` on past the block
+// (-inf here). Keeps y = s log2(e) + log2(v_scale) in sc.s for w7_softmax, and per head the
+// maxima of s and of y.
+class W7Scores {
   const float* mr;  // the mask row at the block's first key, or null
   int64_t len;
   __m256i tail;  // the lanes of the block's last vector that are keys
+ public:
   W7Scores(const float* mrow, int64_t n) : mr(mrow), len(n) {
     const int64_t t = n % 8 ? n % 8 : 8;
     tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(t)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
+  template <typename Score>
+  void head(Scratch& sc, int h, Score score) const {
+    __m256 smax = _mm256_set1_ps(-INFINITY), ymax = smax;
+    for (int64_t j = 0; j < len; j += 8) put(sc, h, j, score(j), smax, ymax);
+    sc.smax[h] = smax;
+    sc.ymax[h] = ymax;
+  }
+
+ private:
   void put(Scratch& sc, int h, int64_t j, __m256 s, __m256& smax, __m256& ymax) const {
     const bool last = j + 8 > len;
     if (mr) s = _mm256_add_ps(s, last ? _mm256_maskload_ps(mr + j, tail) : _mm256_loadu_ps(mr + j));
@@ -651,10 +660,10 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     for (; jp + 8 <= len && jb + jp + 8 < jend; jp += 8) {
       _mm256_storeu_ps(sc.ksc + jp, gather2(ks + (jb + jp) * 2));
       _mm256_storeu_ps(sc.vsc + jp, gather2(vs + (jb + jp) * 2));
-      const __m256i kzv = zeros2(kz + (jb + jp) * 2), vzv = zeros2(vz + (jb + jp) * 2);
+      const __m256i kzv = zeros2(kz + (jb + jp) * 2);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.kzi + jp), kzv);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.vzi + jp), vzv);
-      _mm256_storeu_ps(sc.kzp + jp, _mm256_cvtepi32_ps(kzv));
+      _mm256_storeu_ps(sc.kzp + jp, _mm256_cvtepi32_ps(kzv));  // the float-query path's
+      _mm256_storeu_ps(sc.vzp + jp, _mm256_cvtepi32_ps(zeros2(vz + (jb + jp) * 2)));
     }
   }
 #endif
@@ -664,7 +673,7 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     sc.kzp[j] = static_cast<float>(sc.kzi[j]);
     sc.vsc[j] = vs[(jb + j) * V.sc_ss];
     sc.vzi[j] = vz[(jb + j) * V.zp_ss];
-#if !defined(ETS_DECODE_VNNI) && !defined(ETS_DECODE_I16)  // the float weighted sums' correction
+#if !defined(ETS_DECODE_VNNI)  // the float weighted sums' correction, w7_softmax's zero-point sum
     sc.vzp[j] = static_cast<float>(sc.vzi[j]);
 #endif
   }
@@ -763,19 +772,16 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
     // less kz Q' (vpmaddwd: kz's high word is its sign, Q''s zero; |Q'| <= 255 D < 2^15), times
     // the scales
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // hadd3's lanes in key order
-    const W7Scores put(mrow ? mrow + jb : nullptr, len);
+    const W7Scores scores(mrow ? mrow + jb : nullptr, len);
     for (int h = 0; h < G; ++h) {
       const __m256i qs = _mm256_set1_epi32(sc.q8sum[t0 + h] & 0xFFFF);
       const __m256 qsc = _mm256_set1_ps(sc.q8sc[t0 + h]);
-      __m256 smax = _mm256_set1_ps(-INFINITY), ymax = smax;
-      for (int64_t j = 0; j < len; j += 8) {  // lanes past len: put's -inf
+      scores.head(sc, h, [&](int64_t j) {  // lanes past len: -inf there
         const __m256i sum = _mm256_permutevar8x32_epi32(hadd3(sc.ipart + (h * kBlock + j) * 4), order);
         const __m256i kz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.kzi + j));
         const __m256i dot = _mm256_sub_epi32(sum, _mm256_madd_epi16(kz, qs));
-        put.put(sc, h, j, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_loadu_ps(sc.ksc + j)), qsc), smax, ymax);
-      }
-      sc.smax[h] = smax;
-      sc.ymax[h] = ymax;
+        return _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_loadu_ps(sc.ksc + j)), qsc);
+      });
     }
   } else
 #endif
@@ -815,13 +821,8 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
       for (; j < len; ++j) srow[j] = sc.ksc[j] * (hsum256(_mm256_load_ps(p + j * 8)) - sc.kzp[j] * sc.qsum[t0 + h]);
     }
 #if defined(ETS_DECODE_I16)
-    const W7Scores put(mrow ? mrow + jb : nullptr, len);
-    for (int h = 0; h < G; ++h) {
-      __m256 smax = _mm256_set1_ps(-INFINITY), ymax = smax;
-      for (int64_t j = 0; j < len; j += 8) put.put(sc, h, j, _mm256_load_ps(sc.s + h * kBlock + j), smax, ymax);
-      sc.smax[h] = smax;
-      sc.ymax[h] = ymax;
-    }
+    const W7Scores scores(mrow ? mrow + jb : nullptr, len);
+    for (int h = 0; h < G; ++h) scores.head(sc, h, [&](int64_t j) { return _mm256_load_ps(sc.s + h * kBlock + j); });
 #endif
   }
 
@@ -904,15 +905,12 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
     }
 #if defined(ETS_DECODE_I16)
     if (a.q.i8 != nullptr) {  // q - qz (at most 255 in magnitude) and its sum
-      int16_t* q16 = sc.q16 + t * D;
-      const int32_t sum = raw_query(a, b, i, t, D, q16, sc.q8zp[t], sc.q8sc[t]);
-      for (int d = 0; d < D; ++d) q16[d] = static_cast<int16_t>(q16[d] - sc.q8zp[t]);
+      int16_t raw[kMaxD];
+      const int32_t sum = raw_query(a, b, i, t, D, raw, sc.q8zp[t], sc.q8sc[t]);
       sc.q8sum[t] = sum - static_cast<int32_t>(D) * sc.q8zp[t];
       int16_t* q2 = sc.q2 + t * 2 * D;
-      for (int d = 0; d < D; d += 8) {
-        std::copy(q16 + d, q16 + d + 8, q2 + 2 * d);
-        std::copy(q16 + d, q16 + d + 8, q2 + 2 * d + 8);
-      }
+      for (int d = 0; d < D; ++d)  // dim d of 8-dim chunk c at 16 c + d % 8, and 8 on
+        q2[d + (d & ~7)] = q2[d + (d & ~7) + 8] = static_cast<int16_t>(raw[d] - sc.q8zp[t]);
     }
 #endif
 #if defined(ETS_DECODE_VNNI)
