@@ -528,29 +528,28 @@ inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len) {
   for (int h = 0; h < G; ++h) sc.l[t0 + h] = lo[h];
 }
 
-// acc += wsc * (sum over the block's value rows of u * (v8 - v_zp)), per head, 16 dims at a
+// acc += wsc * (sum over the block's value rows of u * (v8 - v_zp)), per head, 8 dims at a
 // time: four keys' rows interleaved a byte each into every dword (dims in order), one
-// vpmaddubsw and one vpmaddwd per 8 dims and head against the heads' four weights broadcast.
-// Exact in int32 (at most 64 * 127 * 128 < 2^20).
+// vpmaddubsw and one vpmaddwd per head against the heads' four weights broadcast. Exact in int32
+// (at most 64 * 127 * 128 < 2^20). One accumulator per head: with 16 dims at a time G = 7 held
+// 14, which AVX2's 16 registers cannot with the operands, and GCC kept most of them on the stack
+// (a load and a store per vpaddd).
 template <int G, int D>
 inline void w7_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t ss, int64_t len) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int c = 0; c < D / 16; ++c) {
-    const int8_t* vr = v + c * 16;
-    auto row = [&](int64_t j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + j * ss)); };
-    __m256i o[G][2];
-    for (int h = 0; h < G; ++h) o[h][0] = o[h][1] = _mm256_setzero_si256();
+  for (int c = 0; c < D / 8; ++c) {
+    const int8_t* vr = v + c * 8;
+    auto row = [&](int64_t j) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vr + j * ss)); };
+    __m256i o[G];
+    for (int h = 0; h < G; ++h) o[h] = _mm256_setzero_si256();
     auto quad = [&](__m128i ra, __m128i rb, __m128i rc, __m128i rd, int64_t j) {
-      const __m128i ab0 = _mm_unpacklo_epi8(ra, rb), ab1 = _mm_unpackhi_epi8(ra, rb);
-      const __m128i cd0 = _mm_unpacklo_epi8(rc, rd), cd1 = _mm_unpackhi_epi8(rc, rd);
-      const __m256i x0 = _mm256_set_m128i(_mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab0, cd0));
-      const __m256i x1 = _mm256_set_m128i(_mm_unpackhi_epi16(ab1, cd1), _mm_unpacklo_epi16(ab1, cd1));
+      const __m128i ab = _mm_unpacklo_epi8(ra, rb), cd = _mm_unpacklo_epi8(rc, rd);
+      const __m256i x = _mm256_set_m128i(_mm_unpackhi_epi16(ab, cd), _mm_unpacklo_epi16(ab, cd));
       const uint8_t* wb = sc.wq + j;  // the heads' weights at constant offsets from it
       asm("" : "+r"(wb));
       for (int h = 0; h < G; ++h) {
         const __m256i w = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(wb + h * kBlock));
-        o[h][0] = _mm256_add_epi32(o[h][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x0), ones));
-        o[h][1] = _mm256_add_epi32(o[h][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x1), ones));
+        o[h] = _mm256_add_epi32(o[h], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
       }
     };
     int64_t j = 0;
@@ -560,12 +559,9 @@ inline void w7_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t 
       quad(row(j), j + 1 < len ? row(j + 1) : z, j + 2 < len ? row(j + 2) : z, z, j);
     }
     for (int h = 0; h < G; ++h) {
-      const __m256i zc = _mm256_set1_epi32(sc.wzc[h]);
-      const __m256 s = _mm256_set1_ps(sc.wsc[h]);
-      float* acc = acc0 + h * D + c * 16;
-      _mm256_store_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(o[h][0], zc)), s, _mm256_load_ps(acc)));
-      _mm256_store_ps(acc + 8,
-                      _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(o[h][1], zc)), s, _mm256_load_ps(acc + 8)));
+      float* acc = acc0 + h * D + c * 8;
+      _mm256_store_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(o[h], _mm256_set1_epi32(sc.wzc[h]))),
+                                           _mm256_set1_ps(sc.wsc[h]), _mm256_load_ps(acc)));
     }
   }
 }
