@@ -22,6 +22,9 @@ is checked against the build's manifest, etserve.json `source`), never a requant
   perplexity qwen2            Qwen2.5-Coder-0.5B-Instruct Q4_K_M; etserve's default (served)
                               build, which requantizes it to 4 bits (8da4w, 8-bit output
                               projection, 4-bit embedding table, int8 KV cache)
+  perplexity qwen2 8da8w      the same GGUF built with 8-bit linears (--quantize 8da8w, BUILD_QWEN_8BIT):
+                              the file's Q5_0 / Q6_K / Q4_K weights kept at 8 bits a weight; "not
+                              built" until it is
   perplexity qwen2 fp32       the same GGUF built without requantizing (fp32 weights and cache):
                               the fidelity of the conversion alone; "not built" until it is
                               (BUILD_QWEN_FP32 says how). With the row above it gives what the
@@ -66,13 +69,14 @@ TARGET = ("<=", 1.03)
 BIG_GGUF = "deepseek-r1-distill-qwen-7b.gguf"  # in <cache>/gguf/ (bench/big_source.py fetches it)
 BUILD_QWEN_FP32 = ("python -m app.models build qwen2.5-coder-0.5b --quantize none --embedding-quantize none "
                    "--kv-cache fp32 --max-seq-len 512")
+BUILD_QWEN_8BIT = "python -m app.models build qwen2.5-coder-0.5b --quantize 8da8w --max-seq-len 2048"
 # the served build's options (app/models/registry.py, the default model) for a build of the Q4_0 file
 BUILD_Q4_0 = ("python -m app.models build-gguf {} --quantize 8da4w --embedding-quantize 4bit --output-quantize 8bit "
               "--kv-cache int8")
-LLAMA, QWEN2, QWEN2_FP32, QWEN2_Q4_0, QWEN2_Q4_0_FILE, GEMMA3, QWEN2_7B = (
-    "perplexity llama", "perplexity qwen2", "perplexity qwen2 fp32", "perplexity qwen2 vs Q4_0",
-    "perplexity qwen2 Q4_0 file", "perplexity gemma3", "perplexity qwen2 7B")
-NAMES = (LLAMA, QWEN2, QWEN2_FP32, QWEN2_Q4_0, QWEN2_Q4_0_FILE, GEMMA3, QWEN2_7B)
+LLAMA, QWEN2, QWEN2_8BIT, QWEN2_FP32, QWEN2_Q4_0, QWEN2_Q4_0_FILE, GEMMA3, QWEN2_7B = (
+    "perplexity llama", "perplexity qwen2", "perplexity qwen2 8da8w", "perplexity qwen2 fp32",
+    "perplexity qwen2 vs Q4_0", "perplexity qwen2 Q4_0 file", "perplexity gemma3", "perplexity qwen2 7B")
+NAMES = (LLAMA, QWEN2, QWEN2_8BIT, QWEN2_FP32, QWEN2_Q4_0, QWEN2_Q4_0_FILE, GEMMA3, QWEN2_7B)
 
 
 @dataclass
@@ -84,6 +88,7 @@ class Case:
     name: str  # the main row
     fp32_name: str | None = None  # a row for a build of the GGUF that does not requantize it
     q4_0_name: str | None = None  # a row against llama.cpp's Q4_0 requantization of the GGUF
+    eight_bit_name: str | None = None  # a row for a build of the GGUF with 8-bit linears (8da8w)
     missing: str = ""  # what to do when there is no build
 
 
@@ -94,8 +99,9 @@ def cases(args) -> list[Case]:
     return [
         Case(lambda: source_gguf("smollm2-135m"), lambda builds: pick(builds, smol_dir), LLAMA,
              missing="make test-model-small"),
-        Case(lambda: source_gguf(DEFAULT_MODEL), lambda builds: pick(builds, args.model_dir, quantized=True), QWEN2,
-             fp32_name=QWEN2_FP32, q4_0_name=QWEN2_Q4_0, missing="make model"),
+        Case(lambda: source_gguf(DEFAULT_MODEL),
+             lambda builds: pick([b for b in builds if quantize_of(b) != "8da8w"], args.model_dir, quantized=True),
+             QWEN2, fp32_name=QWEN2_FP32, q4_0_name=QWEN2_Q4_0, eight_bit_name=QWEN2_8BIT, missing="make model"),
         Case(lambda: existing(peer.gguf_path(), "python -m bench.peer gguf"),
              lambda builds: pick(builds, None, quantized=True), QWEN2_Q4_0_FILE,
              missing=BUILD_Q4_0.format(peer.gguf_path()) + "; make bench-peer does it"),
@@ -127,8 +133,12 @@ def same_path(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def quantize_of(directory: Path) -> str:
+    return model_json(directory, "etserve.json").get("quantize", "none")
+
+
 def is_quantized(directory: Path) -> bool:
-    return model_json(directory, "etserve.json").get("quantize", "none") != "none"
+    return quantize_of(directory) != "none"
 
 
 def is_rows(directory: Path) -> bool:
@@ -241,7 +251,7 @@ def perplexity_rows(args, results: dict, case_list: list[Case] | None = None) ->
     out: dict = results.setdefault("perplexity", {})
     rows: list[Row] = []
     for case in case_list if case_list is not None else cases(args):
-        names = [n for n in (case.name, case.fp32_name, case.q4_0_name) if n]
+        names = [n for n in (case.name, case.eight_bit_name, case.fp32_name, case.q4_0_name) if n]
         try:
             gguf = case.gguf()
         except (FileNotFoundError, KeyError) as e:
@@ -250,7 +260,9 @@ def perplexity_rows(args, results: dict, case_list: list[Case] | None = None) ->
         builds = builds_of(gguf)
         served = case.served(builds)
         fp32 = pick(builds, None, quantized=False) if case.fp32_name else None
-        if served is None and fp32 is None:
+        eight_bit = (pick([b for b in builds if quantize_of(b) == "8da8w"], None) if case.eight_bit_name
+                     else None)
+        if served is None and fp32 is None and eight_bit is None:
             rows += [not_run(n, f"{NOT_BUILT}: no build of {gguf.name} ({case.missing})") for n in names]
             continue
         started = time.monotonic()
@@ -260,7 +272,7 @@ def perplexity_rows(args, results: dict, case_list: list[Case] | None = None) ->
             f"({time.monotonic() - started:.0f} s with the tokenization)")
         entry = out[case.name] = {"gguf": str(gguf), "tokens": len(ids), "bos": bos, "llama.cpp": theirs}
         measured: dict[str, tuple[Path, dict]] = {}
-        for key, directory in (("served", served), ("fp32", fp32)):
+        for key, directory in (("served", served), ("8da8w", eight_bit), ("fp32", fp32)):
             if directory is None or key in measured:
                 continue
             started = time.monotonic()
@@ -277,9 +289,9 @@ def perplexity_rows(args, results: dict, case_list: list[Case] | None = None) ->
 
         def row(name: str, key: str, against: str, theirs: float, target=TARGET, extra: str = "") -> Row:
             if key not in measured:
-                fix = BUILD_QWEN_FP32 if key == "fp32" else case.missing
-                return not_run(name, f"{NOT_BUILT}: no {'unquantized ' if key == 'fp32' else ''}build of "
-                               f"{gguf.name} ({fix})")
+                fix = {"fp32": BUILD_QWEN_FP32, "8da8w": BUILD_QWEN_8BIT}.get(key, case.missing)
+                kind = {"fp32": "unquantized ", "8da8w": "8da8w "}.get(key, "")
+                return not_run(name, f"{NOT_BUILT}: no {kind}build of {gguf.name} ({fix})")
             directory, mine = measured[key]
             if "error" in mine:
                 return not_run(name, f"n/a: etserve {label(directory)}: {mine['error']}")
@@ -295,6 +307,8 @@ def perplexity_rows(args, results: dict, case_list: list[Case] | None = None) ->
             return Row(name, what, f"{mine['ppl']:.3f} / {theirs:.3f}", mine["ppl"] / theirs, target)
 
         rows.append(row(case.name, "served", f"llama.cpp on the same {gguf.name}", theirs))
+        if case.eight_bit_name:
+            rows.append(row(case.eight_bit_name, "8da8w", f"llama.cpp on the same {gguf.name}", theirs))
         if case.fp32_name:
             cost = ""
             if "served" in measured and "fp32" in measured and "error" not in measured["fp32"][1] \

@@ -15,7 +15,9 @@ from .registry import (EMBEDDING_QUANTIZE_CHOICES, KV_CACHE_CHOICES, LINEAR_KERN
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=sorted(MODELS), help="model name")
     p.add_argument("--max-seq-len", type=int, default=None, help="context length (default per model)")
-    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None, help="weight quantization (default per model)")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                   help="weight quantization: 8da4w (4-bit linears), 8da8w (8-bit linears: closer to a Q5-Q8 "
+                        "GGUF, twice the bytes) or none (default per model)")
     p.add_argument("--embedding-quantize", choices=EMBEDDING_QUANTIZE_CHOICES, default=None,
                    help="embedding table quantization (default per model)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=None,
@@ -43,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("file", help="a .gguf file (llama, qwen2, qwen3, phi3 or gemma3 architecture)")
     g.add_argument("--max-seq-len", type=int, default=None, help="context length (default from the file)")
     g.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
-                   help="weight quantization (default: none up to 1B parameters, else 8da4w)")
+                   help="weight quantization (default: none up to 1B parameters, else 8da4w; 8da8w: 8-bit "
+                        "linears, closer to a Q5-Q8 file, twice the bytes)")
     g.add_argument("--embedding-quantize", choices=EMBEDDING_QUANTIZE_CHOICES, default=None)
     g.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=None,
                    help="KV cache storage (default fp32; int8 quarters a long context's cache)")

@@ -228,6 +228,9 @@ def make_llm_config(
     if options.quantize == "8da4w":
         cfg.quantization.qmode = "8da4w"
         cfg.quantization.group_size = group_size
+    elif options.quantize == "8da8w":
+        cfg.quantization.qmode = "8da8w"
+        cfg.quantization.group_size = 0  # one scale per row: XNNPACK's qd8-f32-qc8w
     elif options.quantize != "none":
         raise ValueError(f"unsupported quantize {options.quantize!r}")
     if options.embedding_quantize == "4bit":

@@ -22,7 +22,12 @@ DEFAULT_CUSTOM_OPS = True
 # speculative drafts. 0: the plain interface (positions from one start, the last row's logits).
 DEFAULT_LOGIT_ROWS = 32
 ROWS_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")  # gemma3's sliding-window mask is narrowed from one start
-QUANTIZE_CHOICES = ("none", "8da4w")
+# Linear weights: "none" (fp32); "8da4w", int4 in groups of 32 with int8 dynamic activations (our
+# etserve::linear_q4, or XNNPACK's qd8-f32-qb4w); "8da8w", int8 with one scale per row and int8
+# dynamic activations (XNNPACK's qd8-f32-qc8w, as the 8-bit output projection): for a GGUF whose
+# weights are wider than 4 bits (Q5, Q6, Q8), about llama.cpp's perplexity on the same file, for
+# twice the 4-bit linears' bytes.
+QUANTIZE_CHOICES = ("none", "8da4w", "8da8w")
 # Embedding tables: "none" (fp32) or 4-bit groupwise (quantized_decomposed::embedding_4bit,
 # whose kernel ships in the wheel's libexecutorch_kernels_quantized.so, linked by native/).
 EMBEDDING_QUANTIZE_CHOICES = ("none", "4bit")
@@ -218,7 +223,9 @@ def resolve_options(
     if opts.linear_kernel == "etserve" and opts.quantize == "8da4w" and not opts.custom_ops:
         raise ValueError("--linear-kernel etserve needs the custom ops (drop --no-custom-ops)")
     if opts.output_quantize == "8bit" and opts.quantize != "8da4w":
-        raise ValueError("an 8-bit output projection goes with --quantize 8da4w")
+        raise ValueError("an 8-bit output projection goes with --quantize 8da4w"
+                         + (" (with 8da8w every linear, the output projection too, is 8-bit already)"
+                            if opts.quantize == "8da8w" else ""))
     if opts.kv_cache != "fp32" and not opts.custom_ops:
         raise ValueError("a quantized KV cache needs the custom ops (drop --no-custom-ops)")
     if not 16 <= opts.max_seq_len <= 32768:

@@ -102,6 +102,22 @@ def test_llama32_rope_scaling_logits_match_transformers(tmp_path):
 
 
 @pytest.mark.slow
+def test_qwen2_with_8_bit_linears_stays_close_to_transformers(tmp_path):
+    """`--quantize 8da8w`: every linear int8 with one scale per row (XNNPACK's qd8-f32-qc8w), the
+    output projection included. Its logits sit between the fp32 build's (~3e-7 from transformers)
+    and the 4-bit linears' (8.2e-2 measured on this file; 8da8w 1.6e-2): a build that fell back to
+    either fails."""
+    gguf = write_tiny(tmp_path / "tiny-qwen2.gguf", "qwen2", dim=128, heads=4, kv_heads=2, hidden=256,
+                      qkv_bias=True, name="Tiny Qwen2")
+    model_dir = build(gguf, tmp_path / "cache", "--quantize", "8da8w", "--kv-cache", "fp32")
+    manifest = json.loads((model_dir / "etserve.json").read_text())
+    assert manifest["quantize"] == "8da8w" and model_dir.name.startswith("ctx128-8da8w-"), model_dir.name
+    diff = rel_diff(our_logits(model_dir, TOKENS), reference_logits(gguf, TOKENS))
+    print(f"qwen2 8da8w: max abs logit diff / max |logit| vs transformers: {diff:.1e}")
+    assert 1e-4 < diff < 0.04, diff
+
+
+@pytest.mark.slow
 def test_phi3_fused_partial_rotary_longrope_logits_match_transformers(tmp_path):
     """Phi-4-mini's shape of phi3: fused qkv and gate/up, 3/4 of each head rotary, LongRoPE with an
     original context (64) the build's (128) exceeds: the long factors and the attention factor."""
