@@ -70,6 +70,8 @@ BIG_GGUF = "deepseek-r1-distill-qwen-7b.gguf"  # in <cache>/gguf/ (bench/big_sou
 BUILD_QWEN_FP32 = ("python -m app.models build qwen2.5-coder-0.5b --quantize none --embedding-quantize none "
                    "--kv-cache fp32 --max-seq-len 512")
 BUILD_QWEN_8BIT = "python -m app.models build qwen2.5-coder-0.5b --quantize 8da8w --max-seq-len 2048"
+# the rows of other builds of the default GGUF: what the row calls the missing build, how to make it
+OTHER_BUILDS = {"fp32": ("unquantized ", BUILD_QWEN_FP32), "8da8w": ("8da8w ", BUILD_QWEN_8BIT)}
 # the served build's options (app/models/registry.py, the default model) for a build of the Q4_0 file
 BUILD_Q4_0 = ("python -m app.models build-gguf {} --quantize 8da4w --embedding-quantize 4bit --output-quantize 8bit "
               "--kv-cache int8")
@@ -99,8 +101,7 @@ def cases(args) -> list[Case]:
     return [
         Case(lambda: source_gguf("smollm2-135m"), lambda builds: pick(builds, smol_dir), LLAMA,
              missing="make test-model-small"),
-        Case(lambda: source_gguf(DEFAULT_MODEL),
-             lambda builds: pick([b for b in builds if quantize_of(b) != "8da8w"], args.model_dir, quantized=True),
+        Case(lambda: source_gguf(DEFAULT_MODEL), lambda builds: pick(builds, args.model_dir, quantize="8da4w"),
              QWEN2, fp32_name=QWEN2_FP32, q4_0_name=QWEN2_Q4_0, eight_bit_name=QWEN2_8BIT, missing="make model"),
         Case(lambda: existing(peer.gguf_path(), "python -m bench.peer gguf"),
              lambda builds: pick(builds, None, quantized=True), QWEN2_Q4_0_FILE,
@@ -120,12 +121,15 @@ def existing(path: Path, how: str = "") -> Path:
     return path
 
 
-def pick(builds: list[Path], preferred: Path | None, quantized: bool | None = None) -> Path | None:
-    """`preferred` when it is among `builds`; else the first of them (rows builds first, then by
-    name), only quantized ones (or only unquantized ones) when `quantized` says so."""
-    if preferred is not None and any(same_path(preferred, b) for b in builds):
+def pick(builds: list[Path], preferred: Path | None, quantized: bool | None = None,
+         quantize: str | None = None) -> Path | None:
+    """`preferred` when it is among the fitting `builds`; else the first of them (rows builds first,
+    then by name). Fitting: only quantized ones (or only unquantized ones) when `quantized` says so,
+    only those of one quantization (etserve.json `quantize`) when `quantize` names it."""
+    fitting = [b for b in builds if (quantized is None or is_quantized(b) == quantized)
+               and (quantize is None or quantize_of(b) == quantize)]
+    if preferred is not None and any(same_path(preferred, b) for b in fitting):
         return preferred
-    fitting = [b for b in builds if quantized is None or is_quantized(b) == quantized]
     return min(fitting, key=lambda b: (not is_rows(b), str(b)), default=None)
 
 
@@ -260,8 +264,7 @@ def perplexity_rows(args, results: dict, case_list: list[Case] | None = None) ->
         builds = builds_of(gguf)
         served = case.served(builds)
         fp32 = pick(builds, None, quantized=False) if case.fp32_name else None
-        eight_bit = (pick([b for b in builds if quantize_of(b) == "8da8w"], None) if case.eight_bit_name
-                     else None)
+        eight_bit = pick(builds, None, quantize="8da8w") if case.eight_bit_name else None
         if served is None and fp32 is None and eight_bit is None:
             rows += [not_run(n, f"{NOT_BUILT}: no build of {gguf.name} ({case.missing})") for n in names]
             continue
@@ -289,8 +292,7 @@ def perplexity_rows(args, results: dict, case_list: list[Case] | None = None) ->
 
         def row(name: str, key: str, against: str, theirs: float, target=TARGET, extra: str = "") -> Row:
             if key not in measured:
-                fix = {"fp32": BUILD_QWEN_FP32, "8da8w": BUILD_QWEN_8BIT}.get(key, case.missing)
-                kind = {"fp32": "unquantized ", "8da8w": "8da8w "}.get(key, "")
+                kind, fix = OTHER_BUILDS.get(key, ("", case.missing))
                 return not_run(name, f"{NOT_BUILT}: no {kind}build of {gguf.name} ({fix})")
             directory, mine = measured[key]
             if "error" in mine:

@@ -154,6 +154,19 @@ def test_pick_prefers_the_named_build_then_rows_builds(tmp_path):
     assert pick([], None) is None
 
 
+def test_pick_by_quantization_passes_over_a_named_build_of_another(tmp_path):
+    """The served row takes the 8da4w build and the 8da8w row its own, even when the bench is
+    pointed at the other one."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    q4 = _build(tmp_path, "m/ctx32768-8da4w-e4-sdpa-kv8-r32", gguf, rows=32, quantize="8da4w")
+    q8 = _build(tmp_path, "m/ctx2048-8da8w-e4-sdpa-kv8-r32", gguf, rows=32, quantize="8da8w")
+    assert pick([q4, q8], q8, quantize="8da4w") == q4
+    assert pick([q4, q8], q4, quantize="8da8w") == q8
+    assert pick([q4], None, quantize="8da8w") is None
+    assert pick([q4, q8], q8, quantized=True) == q8
+
+
 def test_builds_of_looks_in_the_registrys_builds_and_build_ggufs(tmp_path, monkeypatch):
     monkeypatch.setenv("ETSERVE_CACHE", str(tmp_path))
     gguf = tmp_path / "gguf" / "m.gguf"
