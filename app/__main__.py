@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from app.models.registry import check_quantize
 from app.settings import SETTINGS
 
 CONFIG = "python:app.gunicorn_conf"  # a module of the package: works from a checkout and an install
@@ -31,12 +32,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _build_gguf(path: str) -> str:
-    """``--model FILE.gguf``: build it (cached by the file's checksum; progress on stderr) and
-    return the model directory. Needs the build extras (torch, executorch, gguf)."""
+def _build_gguf(path: str, quantize: str = "") -> str:
+    """``--model FILE.gguf``: build it (with --quantize when given; cached by the file's checksum
+    and the options; progress on stderr) and return the model directory. Needs the build extras
+    (torch, executorch, gguf)."""
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-m", "app.models", "build-gguf", path], stdout=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "app.models", "build-gguf", path] + (["--quantize", quantize] if quantize else [])
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(proc.returncode)
     return proc.stdout.strip().splitlines()[-1]
@@ -49,9 +52,15 @@ def main(argv: list[str] | None = None) -> None:
         value = getattr(args, s.name)
         if value is not None:
             env[s.env] = str(value)
+    quantize = env.get("ETSERVE_QUANTIZE", "")
+    try:
+        check_quantize(quantize)
+    except ValueError as e:
+        parser().error(str(e))
     model = env.get("ETSERVE_MODEL", "")
     if model.endswith(".gguf") and not env.get("ETSERVE_MODEL_PATH"):
-        env["ETSERVE_MODEL_PATH"] = _build_gguf(model)
+        env["ETSERVE_MODEL_PATH"] = _build_gguf(model, quantize)
+        env.pop("ETSERVE_QUANTIZE", None)  # applied: the server is given the build itself
     os.execve(sys.executable, [sys.executable, "-m", "gunicorn", "-c", CONFIG], env)
 
 

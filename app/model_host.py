@@ -14,7 +14,7 @@ from app.engine.scheduler import StepPolicy
 from app.engine.sessions import model_identity
 from app.grammar import GrammarCompiler
 from app.models.manifest import MANIFEST, check_model_dir, check_program
-from app.models.registry import default_model_dir
+from app.models.registry import check_quantize, default_model_dir, model_dir, resolve_options
 from app.settings import Settings
 from app.text.chat_template import ChatTemplate
 from app.text.chatml import CHATML_TEMPLATE, IM_END
@@ -59,12 +59,22 @@ class ServedModel:
 def resolve_model_dir(settings: Settings) -> tuple[Path, Path]:
     """(directory with tokenizer files, .pte path) for the configured model."""
     if settings.model_path:
+        if settings.quantize:
+            log.warning("--quantize %s is ignored: --model-path names a built model", settings.quantize)
         path = Path(settings.model_path).expanduser()
         if path.is_dir():
             return path, path / "model.pte"
         return path.parent, path
-    directory = default_model_dir(settings.model)
+    directory = _named_model_dir(settings)
     return directory, directory / "model.pte"
+
+
+def _named_model_dir(settings: Settings) -> Path:
+    """The build of --model that --quantize picks (the model's default build without it)."""
+    check_quantize(settings.quantize)
+    if not settings.quantize:
+        return default_model_dir(settings.model)
+    return model_dir(settings.model, resolve_options(settings.model, quantize=settings.quantize))
 
 
 def resolve_tokenizer_files(settings: Settings, directory: Path) -> tuple[Path, Path | None]:
@@ -104,7 +114,8 @@ def load_served_model(settings: Settings) -> ServedModel:
     directory, pte = resolve_model_dir(settings)
     if not pte.exists():
         raise FileNotFoundError(
-            f"no model at {pte}; build it with `python -m app.models build {settings.model}` or set --model-path"
+            f"no model at {pte}; build it with `python -m app.models build {settings.model}"
+            f"{' --quantize ' + settings.quantize if settings.quantize else ''}` or set --model-path"
         )
     manifest = _checked_manifest(directory)
     tokenizer_json, tokenizer_config = resolve_tokenizer_files(settings, directory)

@@ -27,6 +27,11 @@ SETTINGS: tuple[Setting, ...] = (
             "(etserve builds it once, cached by its checksum, then serves it)"),
     Setting("model_path", "ETSERVE_MODEL_PATH", "--model-path", "",
             "a built model directory, or a .pte file with tokenizer files beside it (overrides --model)"),
+    Setting("quantize", "ETSERVE_QUANTIZE", "--quantize", "",
+            "the build of --model to serve: 8da4w (4-bit linears), 8da8w (8-bit linears: closer to a "
+            "Q5-Q8 GGUF, twice the bytes) or none (fp32); default the model's own (a .gguf: none up to "
+            "1B parameters, else 8da4w). A .gguf is built with it; a named model's build must exist "
+            "(python -m app.models build NAME --quantize Q)"),
     Setting("model_id", "ETSERVE_MODEL_ID", "--model-id", "",
             "the model name clients use (default: the model's name)"),
     Setting("models_dir", "ETSERVE_MODELS_DIR", "--models-dir", "",
@@ -134,6 +139,7 @@ _FALSE = ("0", "false", "no", "off", "")
 class Settings:
     model: str
     model_path: str
+    quantize: str
     model_id: str
     models_dir: str
     models_max: int

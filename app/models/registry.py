@@ -246,6 +246,12 @@ def model_dir(name: str, options: BuildOptions, out: Optional[os.PathLike] = Non
     return cache_root() / "models" / name / options.variant
 
 
+def check_quantize(value: str) -> None:
+    """A served --quantize: empty (the model's own build) or one of the build choices."""
+    if value and value not in QUANTIZE_CHOICES:
+        raise ValueError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {value!r}")
+
+
 def default_model_dir(name: str) -> Path:
     """Directory of the default build of ``name``."""
     return model_dir(name, resolve_options(name))
