@@ -28,14 +28,19 @@ SYSTEM_PACKAGES ?= nginx-light chromium chromium-driver g++-aarch64-linux-gnu qe
 help:
 	@echo "make serve   set up, build the native library and $(MODEL), serve on 127.0.0.1:8000"
 	@echo "make test    set up, build the native library and the test model, run the tests"
-	@echo "make setup   virtualenv + packages only;  make native   the C++ runtime only"
+	@echo "make setup   virtualenv, packages and the native runtime;  make native   the C++ runtime only"
 	@echo "             (two jobs at a time by default: JOBS=1 for one)"
+	@echo "make model   build \$$MODEL (default $(MODEL)) into the cache, \$$ETSERVE_CACHE/models (no runtime: make setup model)"
+	@echo "make test-model   the models the tests serve (the default one and $(TEST_MODEL))"
+	@echo "make system-packages   the Debian packages the tests drive: $(SYSTEM_PACKAGES)"
+	@echo "make agents  Codex CLI and Claude Code from npm into $(AGENTS_DIR) (bin: node_modules/.bin)"
 	@echo "make wheel   dist/etserve-*.whl: a platform wheel carrying the native runtime (no compiler on the box);"
 	@echo "             on x86-64 with the aarch64 cross compiler the linux_aarch64 one too (make wheel-aarch64)"
 	@echo "make serve-only   that wheel without extras in $(SERVE_VENV)/ (no torch): what a serving box installs"
 	@echo "make bench   the table of ratios (bench/report.py), against llama.cpp too; builds no model"
 	@echo "make bench-peer  build llama.cpp's server once into ~/.cache/etserve/peer (bench/peer.py)"
 	@echo "make bench-7b    fetch a 7B GGUF once, build it (streamed, ~1 h), measure it against llama.cpp"
+	@echo "make clean   remove the native build and the wheels"
 
 # Packages, in two steps: what building and serving a model needs, then the test suite's
 # extras (`make serve` waits for the first only). torch is pinned to the CPU build this

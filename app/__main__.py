@@ -10,8 +10,7 @@ import argparse
 import os
 import sys
 
-from app.models.registry import check_quantize
-from app.settings import SETTINGS
+from app.settings import SETTINGS, Settings
 
 CONFIG = "python:app.gunicorn_conf"  # a module of the package: works from a checkout and an install
 
@@ -45,6 +44,28 @@ def _build_gguf(path: str, quantize: str = "") -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """One line where gunicorn would retry the bind for five seconds and then print a dozen."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        sys.exit(f"etserve: cannot bind {host}:{port}: {e}")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            s.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                sys.exit(f"etserve: {host}:{port} is in use (another server?); choose another with --port")
+            sys.exit(f"etserve: cannot bind {host}:{port}: {e.strerror or e}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     env = dict(os.environ)
@@ -52,14 +73,13 @@ def main(argv: list[str] | None = None) -> None:
         value = getattr(args, s.name)
         if value is not None:
             env[s.env] = str(value)
-    quantize = env.get("ETSERVE_QUANTIZE", "")
-    try:
-        check_quantize(quantize)
+    try:  # every value gunicorn's config would refuse, refused before a build
+        settings = Settings.from_env(env)
     except ValueError as e:
         parser().error(str(e))
-    model = env.get("ETSERVE_MODEL", "")
-    if model.endswith(".gguf") and not env.get("ETSERVE_MODEL_PATH"):
-        env["ETSERVE_MODEL_PATH"] = _build_gguf(model, quantize)
+    _check_port_free(settings.host, settings.port)
+    if settings.model.endswith(".gguf") and not settings.model_path and not settings.models_dir:
+        env["ETSERVE_MODEL_PATH"] = _build_gguf(settings.model, settings.quantize)
         env.pop("ETSERVE_QUANTIZE", None)  # applied: the server is given the build itself
     os.execve(sys.executable, [sys.executable, "-m", "gunicorn", "-c", CONFIG], env)
 

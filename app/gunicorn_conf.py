@@ -15,6 +15,14 @@ try:
 except ValueError as e:  # a bad ETSERVE_* value: say which, before gunicorn starts anything
     raise SystemExit(f"etserve: {e}") from None
 
+if _settings.model.endswith(".gguf") and not _settings.model_path and not _settings.models_dir:
+    # ETSERVE_MODEL=FILE.gguf under plain gunicorn, as `etserve --model FILE.gguf` does it: built
+    # (once, cached) before the worker starts; the worker inherits the directory
+    from app.__main__ import _build_gguf
+
+    os.environ["ETSERVE_MODEL_PATH"] = _build_gguf(_settings.model, _settings.quantize)
+    os.environ.pop("ETSERVE_QUANTIZE", None)
+
 wsgi_app = "app.wsgi:create_app()"
 bind = [f"[{_settings.host}]:{_settings.port}" if ":" in _settings.host else f"{_settings.host}:{_settings.port}"]
 workers = 1  # the model lives in the worker; generation is serialized by its lock

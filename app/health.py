@@ -32,8 +32,10 @@ class ModelState:
         try:
             model = loader()
             on_ready(model)
-        except (NativeError, OSError, ManifestError) as e:  # expected: a bad or missing file; the message says it all
+        except (NativeError, OSError, ManifestError, ValueError) as e:
+            # expected: a bad or missing file, a setting the model cannot take; the message says it all
             log.error("model failed to load: %s", e)
+            log.debug("model failed to load", exc_info=True)
             self.status, self.error = "failed", str(e)
             self.public_error = e.public if isinstance(e, ManifestError) else None
             return
@@ -87,3 +89,5 @@ class HealthResource:
             body["error"] = state.public_error or "the model failed to load; the server log says why"
         resp.status = falcon.HTTP_200 if state.status == "ok" else falcon.HTTP_503
         resp.media = body
+
+    on_head = on_get  # load balancers' and uptime checks' HEAD: the same status, no body

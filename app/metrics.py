@@ -19,9 +19,9 @@ import falcon
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from app.engine import Engine, GenerationStats
+from app.settings import METRICS_AUTH_CHOICES
 
 OTHER_ROUTE = "other"
-METRICS_AUTH_CHOICES = ("open", "key")
 
 # seconds: a request can wait in the queue for minutes; a token takes tens of milliseconds
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)

@@ -14,7 +14,7 @@ from app.engine.scheduler import StepPolicy
 from app.engine.sessions import model_identity
 from app.grammar import GrammarCompiler
 from app.models.manifest import MANIFEST, check_model_dir, check_program
-from app.models.registry import check_quantize, default_model_dir, model_dir, resolve_options
+from app.models.registry import default_model_dir, model_dir, resolve_options
 from app.settings import Settings
 from app.text.chat_template import ChatTemplate
 from app.text.chatml import CHATML_TEMPLATE, IM_END
@@ -71,7 +71,6 @@ def resolve_model_dir(settings: Settings) -> tuple[Path, Path]:
 
 def _named_model_dir(settings: Settings) -> Path:
     """The build of --model that --quantize picks (the model's default build without it)."""
-    check_quantize(settings.quantize)
     if not settings.quantize:
         return default_model_dir(settings.model)
     return model_dir(settings.model, resolve_options(settings.model, quantize=settings.quantize))
@@ -102,8 +101,6 @@ def resolve_tokenizer_files(settings: Settings, directory: Path) -> tuple[Path, 
 
 
 def _context_length(settings: Settings, max_seq_len: int) -> int:
-    if settings.max_context < 0:
-        raise ValueError(f"--max-context must be 0 (the whole context) or more, got {settings.max_context}")
     if settings.max_context > max_seq_len:
         raise ValueError(f"--max-context {settings.max_context} is larger than the model's context: "
                          f"the .pte was exported with max_seq_len {max_seq_len}")
@@ -113,6 +110,9 @@ def _context_length(settings: Settings, max_seq_len: int) -> int:
 def load_served_model(settings: Settings) -> ServedModel:
     directory, pte = resolve_model_dir(settings)
     if not pte.exists():
+        if settings.model_path:
+            raise FileNotFoundError(f"no model at {pte} (--model-path {settings.model_path}): a directory "
+                                    "`python -m app.models build` or `build-gguf` printed, or a .pte file")
         raise FileNotFoundError(
             f"no model at {pte}; build it with `python -m app.models build {settings.model}"
             f"{' --quantize ' + settings.quantize if settings.quantize else ''}` or set --model-path"
@@ -157,12 +157,6 @@ def serve_model(settings: Settings, native: NativeModel, directory: Path, tokeni
     template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token) \
         if template_source else None
     model_id = settings.model_id or _model_name(directory, manifest, settings)
-    if not 1 <= settings.parallel <= 64:
-        raise ValueError(f"--parallel must be 1 to 64 sequence slots, got {settings.parallel}")
-    if settings.kv_cache_mib < -1:
-        raise ValueError(f"--kv-cache-mib must be -1 (one context's worth) or 0 or more, got {settings.kv_cache_mib}")
-    if settings.keep < -1:
-        raise ValueError(f"--keep must be -1 (the system prompt's tokens) or 0 or more, got {settings.keep}")
     # a state saved on disk is only restored into the same .pte run by the same native library
     identity = model_identity(pte, library()._name) if settings.session_dir and pte is not None else ""
     engine = Engine(native, prefill_chunk=settings.prefill_chunk, max_queue=settings.max_queue,

@@ -74,7 +74,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("queue_timeout", "ETSERVE_QUEUE_TIMEOUT", "--queue-timeout", "300",
             "seconds a request may wait for a slot before a 503"),
     Setting("api_key", "ETSERVE_API_KEY", "--api-key", "",
-            "require this key (Authorization: Bearer or X-Api-Key) on every route but /health and the chat page"),
+            "require this key (Authorization: Bearer or X-Api-Key) on every route but /health and the chat "
+            "page; several keys: comma-separated"),
     Setting("metrics_auth", "ETSERVE_METRICS_AUTH", "--metrics-auth", "open",
             "with an API key set, /metrics is 'open' (like /health) or needs the 'key'"),
     Setting("max_body_bytes", "ETSERVE_MAX_BODY_BYTES", "--max-body-bytes", str(4 * 1024 * 1024),
@@ -131,6 +132,7 @@ SETTINGS: tuple[Setting, ...] = (
             "refusing them", switch=True),
 )
 
+METRICS_AUTH_CHOICES = ("open", "key")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -200,4 +202,29 @@ class Settings:
                     raise ValueError(f"{name} must be a finite number, 0 or more, got {value!r}")
             else:
                 out[name] = value
-        return cls(**out)
+        settings = cls(**out)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """What can be refused before anything loads: a value out of range, a model that is
+        neither one this project builds nor a .gguf file (ValueError, naming the flag)."""
+        if not 1 <= self.parallel <= 64:
+            raise ValueError(f"--parallel must be 1 to 64 sequence slots, got {self.parallel}")
+        if self.kv_cache_mib < -1:
+            raise ValueError(f"--kv-cache-mib must be -1 (one context's worth) or 0 or more, got {self.kv_cache_mib}")
+        if self.keep < -1:
+            raise ValueError(f"--keep must be -1 (the system prompt's tokens) or 0 or more, got {self.keep}")
+        if self.max_context < 0:
+            raise ValueError(f"--max-context must be 0 (the whole context) or more, got {self.max_context}")
+        if self.metrics_auth not in METRICS_AUTH_CHOICES:
+            raise ValueError(f"--metrics-auth must be one of {', '.join(METRICS_AUTH_CHOICES)}, "
+                             f"got {self.metrics_auth!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be 0 to 65535, got {self.port}")
+        from app.models.registry import MODELS, check_quantize
+
+        check_quantize(self.quantize)
+        if not (self.model_path or self.models_dir or self.model.endswith(".gguf") or self.model in MODELS):
+            raise ValueError(f"--model {self.model!r} is neither a model this project builds ({', '.join(MODELS)}) "
+                             "nor a .gguf file; a built model directory is --model-path DIR")

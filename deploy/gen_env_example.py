@@ -21,6 +21,10 @@ EXTRA = (
     ("ETSERVE_CACHE", "", "where built models live, in models/NAME/VARIANT/ (default ~/.cache/etserve)"),
     ("ETSERVE_NATIVE_LIB", "", "the native runtime library to load (default: the one in the installed package, "
                                "else native/build in the checkout)"),
+    ("ETSERVE_ISA", "", "force a lower CPU kernel tier than the best this CPU runs: scalar, avx2, avx512 or amx "
+                        "(x86-64); scalar, neon or neon-dotprod (aarch64); the start-up log names the tier"),
+    ("ETSERVE_NATIVE_LOG_LEVEL", "", "the ExecuTorch runtime's log messages at or above this level reach the log "
+                                     "(0 debug, 1 info, 2 warning, 3 error, 4 fatal; default 2)"),
 )
 
 HEADER = """\

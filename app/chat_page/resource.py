@@ -39,3 +39,5 @@ class ChatPageResource:
         resp.content_type = falcon.MEDIA_HTML
         resp.set_headers(HEADERS)
         resp.data = self.page
+
+    on_head = on_get

@@ -20,7 +20,7 @@ class PropsResource:
                 "id_slot": 0,
                 "params": {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
             },
-            "total_slots": 1,
+            "total_slots": len(self.model.engine.slots),
             "model_alias": self.model.id,
             "model_path": self.model.id,
             "n_ctx": context,

@@ -85,6 +85,13 @@ class Choice:
         self.stop_type = "none"
         self.stopping_word = ""
         self.cancelled = False
+        self._live: ChoicePipeline | None = None
+
+    @property
+    def slot(self) -> int:
+        """The sequence slot it runs (ran) in: llama.cpp's id_slot."""
+        stats = self._live.stats if self._live is not None else self.stats
+        return stats.slot or 0
 
     def __iter__(self) -> Iterator[tuple[str, list[int]]]:
         model = self.run.model
@@ -99,6 +106,7 @@ class Choice:
         deadline = _Deadline(self.cancel, self.run.llama.t_max_predict_ms) if self.run.llama.t_max_predict_ms else None
         pipeline = ChoicePipeline(model.engine.generate(self.generation, deadline.token if deadline else self.cancel),
                                   model.tokenizer, self.run.options)
+        self._live = pipeline
         seen = 0
         for delta in pipeline:
             if isinstance(delta, PromptProgress):
@@ -133,7 +141,7 @@ class Choice:
             "index": self.index,
             "content": "" if streamed else content,
             "tokens": [] if streamed or not self.run.llama.return_tokens else self.tokens,
-            "id_slot": 0,
+            "id_slot": self.slot,
             "stop": True,
             "model": self.run.model.id,
             "tokens_predicted": self.stats.completion_tokens,
@@ -197,7 +205,7 @@ class LlamaRun:
         for choice in self.choices(cancel):
             for text, ids in choice:
                 if text or ids:
-                    yield {"index": choice.index, "content": text, "tokens": ids, "stop": False, "id_slot": 0}
+                    yield {"index": choice.index, "content": text, "tokens": ids, "stop": False, "id_slot": choice.slot}
             if choice.cancelled:
                 return
             yield choice.result(streamed=True)

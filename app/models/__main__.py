@@ -102,8 +102,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(build_file(Path(args.file), args.max_seq_len, args.quantize, args.embedding_quantize,
                              force=args.force, verbose=args.verbose, kv_cache=args.kv_cache,
                              output_quantize=args.output_quantize))
-        except (UnsupportedGGUF, FileNotFoundError) as e:
+        except (UnsupportedGGUF, FileNotFoundError, IsADirectoryError) as e:
             print(f"build-gguf: {e}", file=sys.stderr)
+            return 2
+        except ModuleNotFoundError as e:
+            print(f"build-gguf: building a model needs the build extras ({e.name} is not installed): "
+                  "pip install 'etserve[build]'", file=sys.stderr)
             return 2
         return 0
     opts = resolve_options(args.name, args.max_seq_len, args.quantize, args.custom_ops, args.embedding_quantize,

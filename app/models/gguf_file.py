@@ -86,11 +86,17 @@ def build_file(path: Path, max_seq_len: Optional[int] = None, quantize: Optional
     """Build the GGUF at ``path`` (a no-op when that file's build exists); returns its directory."""
     import sys
 
+    from .arch import UnsupportedGGUF
     from .build import build
     from .manifest import sha256_file
     from .registry import resolve_options
 
-    spec = file_spec(path)
+    try:
+        spec = file_spec(path)
+    except UnsupportedGGUF:
+        raise
+    except ValueError as e:  # not a GGUF, a corrupt header, no tokenizer: the file's fault, in one line
+        raise UnsupportedGGUF(str(e)) from e
     MODELS[spec.name] = spec  # this process's registry: build() looks the spec up by name
     print(f"{Path(path).name}: {spec.architecture}, served as {spec.name}; checksumming", file=sys.stderr)
     digest = sha256_file(Path(spec.gguf_files[0]))

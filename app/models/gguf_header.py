@@ -9,6 +9,7 @@ tensor types needs none of that. This reads the same layout (GGUF v2/v3, little-
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,13 +32,24 @@ class Header(NamedTuple):
 
 
 def read_header(path: Path) -> Header:
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return parse_header(m, Path(path).name)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise ValueError(f"{Path(path).name} is empty, not a GGUF file")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return parse_header(m, Path(path).name)
 
 
 def parse_header(m, label: str = "the file") -> Header:
     """The header of a GGUF held in ``m`` (a memory map, or the first bytes of a file that holds the
-    whole header, e.g. the first of a split file's parts)."""
+    whole header, e.g. the first of a split file's parts). ValueError for anything else: a file
+    that is not a GGUF, cut short, or with a field of no known type."""
+    try:
+        return _parse_header(m, label)
+    except (struct.error, KeyError, IndexError, OverflowError, MemoryError) as e:
+        raise ValueError(f"{label}: a truncated or corrupt GGUF header ({type(e).__name__}: {e})") from None
+
+
+def _parse_header(m, label: str) -> Header:
     if m[:4] != b"GGUF":
         raise ValueError(f"{label} is not a GGUF file")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)

@@ -364,9 +364,16 @@ class _Health:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         r = self.router
         r.refresh()
-        resp.media = {"status": "ok", "mode": "router",
-                      "models": {h.name: {"status": h.status, "busy": h.busy} for h in r.hosted.values()},
-                      "models_max": r.settings.models_max}
+        body = {"status": "ok", "mode": "router",
+                "models": {h.name: {"status": h.status, "busy": h.busy} for h in r.hosted.values()},
+                "models_max": r.settings.models_max}
+        if not r.hosted:  # every request would be a 503 no_models: a health check must not pass
+            body["status"] = "no_models"
+            body["error"] = "the models directory holds no directory with a model.pte"
+            resp.status = falcon.HTTP_503
+        resp.media = body
+
+    on_head = on_get
 
 
 class _Models:

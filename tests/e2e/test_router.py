@@ -229,3 +229,23 @@ def test_a_single_model_server_answers_the_router_routes(server):
     r = requests.post(server.base_url + "/models/unload", json={"model": model_id}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "unload_unsupported"
     assert "--models-dir" in r.json()["error"]["message"]
+
+
+def test_a_models_directory_with_no_model_fails_the_health_check(tmp_path, model_dir):
+    """Every request would be a 503 no_models: /health says so (503), for GET and HEAD, so a load
+    balancer or systemd's check does not take the server for ready; a model copied in heals it."""
+    srv = Server(tmp_path, {"ETSERVE_MODELS_DIR": str(tmp_path / "models")})
+    try:
+        srv.wait_ready(status="no_models")
+        r = requests.get(srv.base_url + "/health", timeout=5)
+        assert r.status_code == 503 and r.json()["status"] == "no_models", r.text
+        assert requests.head(srv.base_url + "/health", timeout=5).status_code == 503
+        assert requests.post(srv.base_url + "/v1/completions", json={"prompt": "x"}, timeout=5).status_code == 503
+        (tmp_path / "models").mkdir()
+        (tmp_path / "models" / "notes").mkdir()
+        assert requests.get(srv.base_url + "/health", timeout=5).status_code == 503
+        (tmp_path / "models" / "smollm2").symlink_to(model_dir)
+        r = requests.get(srv.base_url + "/health", timeout=5)
+        assert r.status_code == 200 and r.json()["models"] == {"smollm2": {"status": "unloaded", "busy": 0}}, r.text
+    finally:
+        srv.stop()

@@ -37,7 +37,7 @@ def test_env_example_lists_every_setting():
                                  "`.venv/bin/python deploy/gen_env_example.py > deploy/etserve.env.example`")
         assert listed[s.env] == s.default, f"{s.env}: the example's default {listed[s.env]!r} is not {s.default!r}"
     # and it names nothing the code does not read
-    code = "\n".join(p.read_text() for p in (ROOT / "app").rglob("*.py"))
+    code = "\n".join(p.read_text() for p in [*(ROOT / "app").rglob("*.py"), *(ROOT / "native" / "src").glob("*.cpp")])
     for env in listed:
         assert env in code, f"deploy/etserve.env.example lists {env}, which nothing reads"
 

@@ -184,4 +184,6 @@ def test_a_messages_prompt_over_the_context_says_so_in_anthropics_words(fake, cl
 def test_props_states_the_context_window_where_llama_vscode_reads_it(fake, client):
     props = client.simulate_get("/props").json
     assert props["default_generation_settings"]["n_ctx"] == fake.served.context_length
-    assert props["total_slots"] == 1 and props["modalities"] == {"vision": False, "audio": False}
+    # the engine's sequence slots (--parallel, 4 by default), as llama.cpp's --parallel reports them
+    assert props["total_slots"] == len(fake.served.engine.slots) == 4
+    assert props["modalities"] == {"vision": False, "audio": False}

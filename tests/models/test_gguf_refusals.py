@@ -102,3 +102,43 @@ def test_build_gguf_refuses_before_any_heavy_work(tmp_path):
     assert proc.stderr.strip() == "build-gguf: mamba.gguf: unsupported GGUF architecture 'mamba' " \
                                   "(supported: llama, qwen2, qwen3, phi3, gemma3)"
     assert proc.stdout == ""
+
+
+def _bad_files(tmp_path):
+    """name -> (path, what the one line must say)"""
+    rnd = tmp_path / "random.gguf"
+    rnd.write_bytes(bytes(range(256)) * 4)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    short = tmp_path / "short.gguf"
+    short.write_bytes(b"GGUF\x03\x00\x00\x00")
+    cut = tmp_path / "cut.gguf"  # a real header cut in the middle of its key/value fields
+    _write(tmp_path / "whole.gguf", "llama", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    cut.write_bytes((tmp_path / "whole.gguf").read_bytes()[:60])
+    folder = tmp_path / "folder.gguf"
+    folder.mkdir()
+    untokenized = tmp_path / "untokenized.gguf"  # a supported architecture without a tokenizer
+    _write(untokenized, "llama", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    return {"random": (rnd, "random.gguf is not a GGUF file"),
+            "empty": (empty, "empty.gguf is empty, not a GGUF file"),
+            "short": (short, "short.gguf: a truncated or corrupt GGUF header"),
+            "cut": (cut, "cut.gguf: a truncated or corrupt GGUF header"),
+            "folder": (folder, "Is a directory"),
+            "untokenized": (untokenized, "untokenized.gguf: no tokenizer or eos token in the GGUF")}
+
+
+@pytest.mark.parametrize("name", ["random", "empty", "short", "cut", "folder", "untokenized"])
+def test_a_file_that_is_no_buildable_gguf_gets_one_line(tmp_path, name):
+    """Not a GGUF, empty, cut short, a directory, no tokenizer: `build-gguf` (so `etserve --model
+    FILE.gguf`) says so in one line and exits 2, never a traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path, says = _bad_files(tmp_path)[name]
+    proc = subprocess.run([sys.executable, "-m", "app.models", "build-gguf", str(path)], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("build-gguf: ") and says in lines[-1], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
