@@ -44,6 +44,14 @@ loglevel = os.environ.get("ETSERVE_LOG_LEVEL", "info")
 control_socket_disable = True
 
 
+def post_fork(server, worker):
+    """The worker answers what gunicorn refuses itself (a request line or header it cannot parse)
+    in the APIs' JSON error shape, not gunicorn's HTML page (app/http/server_errors.py)."""
+    from app.http.server_errors import install
+
+    install()
+
+
 def worker_exit(server, worker):
     """Session states still being written to --session-dir reach the disk before the worker
     ends (the arbiter kills it graceful_timeout seconds after asking it to stop)."""

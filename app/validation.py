@@ -47,6 +47,11 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# For text that holds JSON among other things (a model's tool call): raw_decode with the rules of
+# `loads` (ValueError for a NaN/Infinity literal or a number past the float range).
+STRICT_DECODER = json.JSONDecoder(parse_constant=_no_constants, parse_float=_finite_float)
+
+
 def depth(value: Any, limit: int = MAX_DEPTH) -> int:
     """Nesting depth of decoded JSON (a scalar is 1), counted without recursion and stopping
     once past `limit`."""

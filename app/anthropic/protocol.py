@@ -133,10 +133,25 @@ def _blocks(where: str, content: Any) -> list[dict[str, Any]]:
                                                      "(base64, url, file or text)")
             block = {"type": "text", "text": _placeholder(kind, block)}
         elif kind == "search_result":
-            texts = [c.get("text", "") for c in block.get("content") or () if isinstance(c, dict)]
-            block = {"type": "text", "text": "\n".join([str(block.get("title", "")), *texts]).strip()}
+            block = {"type": "text", "text": _search_result_text(f"{where}[{j}]", block)}
         out.append(block)
     return out
+
+
+def _search_result_text(where: str, block: dict[str, Any]) -> str:
+    """A search_result block (title, source, content: text blocks) as the text the model reads."""
+    content = block.get("content")
+    if not isinstance(content, list):
+        raise invalid_value(f"{where}.content", f"'{where}.content' must be an array of text blocks")
+    texts = []
+    for k, c in enumerate(content):
+        if not isinstance(c, dict) or not isinstance(c.get("text"), str):
+            raise invalid_value(f"{where}.content[{k}]", f"'{where}.content[{k}]' must be a text block with a string 'text'")
+        texts.append(c["text"])
+    title = block.get("title")
+    if title is not None and not isinstance(title, str):
+        raise invalid_value(f"{where}.title", f"'{where}.title' must be a string")
+    return "\n".join([title or "", *texts]).strip()
 
 
 def _placeholder(kind: str, block: dict[str, Any]) -> str:

@@ -23,6 +23,20 @@ def _has_lone_surrogate(body: Any) -> bool:
     return False
 
 
+try:
+    from gunicorn.http.errors import ParseException as _ServerParseError
+except ImportError:  # another WSGI server: its framing errors are OSErrors or ValueErrors
+    class _ServerParseError(Exception):
+        pass
+
+_BROKEN_BODY = (_ServerParseError, OSError, ValueError)
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
 def read_json(req: falcon.Request, max_bytes: int) -> Any:
     ctype = (req.content_type or "application/json").split(";")[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
@@ -32,12 +46,17 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
     if length is not None and length > max_bytes:
         raise APIError(413, f"the request body is {length} bytes; the limit is {max_bytes}",
                        code="request_too_large")
-    if length is None and req.env.get("wsgi.input_terminated"):
-        # a chunked body: the server (gunicorn) ends the input where the body ends; Falcon's
-        # bounded_stream would read nothing without a Content-Length
-        raw = req.stream.read(max_bytes + 1)
-    else:
-        raw = req.bounded_stream.read(max_bytes + 1)
+    try:
+        if length is None and req.env.get("wsgi.input_terminated"):
+            # a chunked body: the server (gunicorn) ends the input where the body ends; Falcon's
+            # bounded_stream would read nothing without a Content-Length
+            raw = req.stream.read(max_bytes + 1)
+        else:
+            raw = req.bounded_stream.read(max_bytes + 1)
+    except _BROKEN_BODY as e:
+        # a chunked body the server cannot frame (a bad chunk size, a missing terminator, a bad
+        # trailer), or a client gone mid-body
+        raise APIError(400, f"the request body could not be read: {_describe(e)}", code="invalid_body") from None
     if len(raw) > max_bytes:
         raise APIError(413, f"the request body is over the limit of {max_bytes} bytes", code="request_too_large")
     if not raw:

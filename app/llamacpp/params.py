@@ -117,7 +117,7 @@ def parse_llama_params(f: Fields) -> LlamaParams:
         n_indent=f.integer("n_indent", 0, lo=0, hi=4096),
         stream=f.boolean("stream", False),
         return_tokens=f.boolean("return_tokens", False),
-        t_max_predict_ms=f.integer("t_max_predict_ms", 0, lo=0) or 0,
+        t_max_predict_ms=f.integer("t_max_predict_ms", 0, lo=0, hi=2**63 - 1) or 0,  # llama.cpp: int64
         response_fields=_response_fields(f.raw("response_fields")),
         samplers=samplers,
         session_id=parse_session_id(f.raw("session_id")),

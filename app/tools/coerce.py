@@ -25,7 +25,8 @@ def schema_types(schema: Any) -> list[str]:
         if isinstance(name, str) and name not in out:
             out.append(name)
     for key in ("anyOf", "oneOf"):
-        for sub in schema.get(key) or []:
+        subs = schema.get(key)
+        for sub in subs if isinstance(subs, list) else []:  # a client's schema: anything may be there
             for name in schema_types(sub):
                 if name not in out:
                     out.append(name)
@@ -63,6 +64,13 @@ def _json_or_python(s: str) -> Any:
 
 
 def _as(kind: str, s: str) -> Any:
+    try:
+        return _as_checked(kind, s)
+    except ValueError:  # an integer of more digits than Python converts (4,300): not that kind
+        return _FAIL
+
+
+def _as_checked(kind: str, s: str) -> Any:
     low = s.lower()
     if kind == "null":
         return None if low in ("null", "none") else _FAIL

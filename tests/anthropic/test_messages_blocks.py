@@ -108,3 +108,27 @@ def test_developer_and_later_system_messages_join_the_system_prompt():
         {"role": "system", "content": [{"type": "text", "text": "Today is Monday."}]}]})
     assert r.messages[0] == {"role": "system", "content": "Be brief.\n\nAnswer in French.\n\nToday is Monday."}
     assert [m["role"] for m in r.messages] == ["system", "user"]
+
+
+BAD_SEARCH_RESULTS = [
+    ({"type": "search_result", "content": 5}, ".content"),
+    ({"type": "search_result", "content": [{"type": "text", "text": 7}]}, ".content[0]"),
+    ({"type": "search_result", "content": ["found"]}, ".content[0]"),
+    ({"type": "search_result", "title": ["T"], "content": []}, ".title"),
+]
+
+
+@pytest.mark.parametrize("block, field", BAD_SEARCH_RESULTS)
+@pytest.mark.parametrize("inside", ["user", "tool_result"])
+def test_a_malformed_search_result_is_a_400_naming_its_field(block, field, inside):
+    """Found by fuzzing: these were 500s (a TypeError joining the texts)."""
+    if inside == "user":
+        messages, where = [{"role": "user", "content": [block]}], "messages[0].content[0]"
+    else:
+        messages = [{"role": "assistant", "content": [ASSISTANT_BLOCKS["tool_use"]]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [block]}]}]
+        where = None
+    with pytest.raises(APIError) as e:
+        parse(messages)
+    assert e.value.status == 400
+    assert e.value.param.endswith(field) and (where is None or e.value.param == where + field), e.value.param

@@ -126,3 +126,94 @@ def test_extreme_but_valid_sampling_values_are_served(server, path, extra):
     greedy = requests.post(server.base_url + path, json={**body, "top_k": 0, "temperature": 0}, timeout=120)
     field = "message" if path.endswith("chat/completions") else "text"
     assert r.json()["choices"][0][field] == greedy.json()["choices"][0][field]
+
+
+BROKEN_CHUNKED = {
+    "chunk size not hex": b"zz\r\n{}\r\n0\r\n\r\n",
+    "negative chunk size": b"-2\r\n{}\r\n0\r\n\r\n",
+    "no chunk terminator": b"2\r\n{}XX0\r\n\r\n",
+    "bad trailer": b"2\r\n{}\r\n0\r\nno colon here\r\n\r\n",
+}
+
+
+def _raw_post(server, path: str, body: bytes) -> tuple[int, dict]:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode() + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    if b"transfer-encoding: chunked" in head.lower():  # the response's own framing
+        out, rest = b"", payload
+        while rest:
+            size, _, rest = rest.partition(b"\r\n")
+            n = int(size, 16)
+            if n == 0:
+                break
+            out, rest = out + rest[:n], rest[n + 2:]
+        payload = out
+    return status, json.loads(payload)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_CHUNKED))
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/completion"])
+def test_a_chunked_body_the_server_cannot_frame_is_a_400(server, name, path):
+    """Found by fuzzing: gunicorn's chunk parser raised out of the body read, a 500 with a traceback."""
+    status, body = _raw_post(server, path, BROKEN_CHUNKED[name])
+    assert status == 400, body
+    if path == "/v1/messages":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    else:
+        assert body["error"]["code"] == "invalid_body", body
+    assert "could not be read" in json.dumps(body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_deadline_past_int64_is_refused_and_the_largest_is_served(server, stream):
+    """/completion's t_max_predict_ms of 10**400 was a 500 (an OverflowError turning it into
+    seconds); llama.cpp reads it as an int64."""
+    raw = '{"prompt": "hi", "n_predict": 2, "stream": %s, "t_max_predict_ms": 1%s}' % (
+        "true" if stream else "false", "0" * 400)
+    r = requests.post(server.base_url + "/completion", data=raw, headers={"Content-Type": "application/json"},
+                      timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "t_max_predict_ms", r.text
+    r = requests.post(server.base_url + "/completion", timeout=60,
+                      json={"prompt": "hi", "n_predict": 2, "t_max_predict_ms": 2 ** 63 - 1})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] >= 1, r.text
+
+
+UNPARSABLE = {
+    "request line too long": (b"GET /v1/responses/" + b"a" * 8000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    "header too large": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n", 431),
+    "too many headers": (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(120))
+                         + b"\r\n", 431),
+    "control character in a header": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\x7fb\r\n\r\n", 400),
+    "bad method token": (b"G(ET /health HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "negative content length": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
+    "http/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNPARSABLE))
+def test_what_gunicorn_refuses_itself_comes_back_as_json(server, name):
+    """Found by fuzzing: gunicorn answered these with its HTML page; both SDKs read the JSON error
+    shape (the body carries OpenAI's and Anthropic's fields: the route is not known yet)."""
+    import socket
+
+    request, status = UNPARSABLE[name]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert int(head.split(b" ", 2)[1]) == status, head
+    assert b"content-type: application/json" in head.lower(), head
+    body = json.loads(payload)
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    assert body["error"]["message"] and "code" in body["error"] and "param" in body["error"]
+    assert requests.get(server.base_url + "/health", timeout=5).status_code == 200

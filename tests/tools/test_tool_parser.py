@@ -264,3 +264,43 @@ def test_tools_system_prompt_lists_tools_and_format():
 ])
 def test_template_supports_tools(source, expected):
     assert template_supports_tools(source) is expected
+
+
+# ------------------------------------------------------------------------------------------- found by fuzzing
+
+NOT_JSON_ARGUMENTS = ['{"query": NaN}', '{"query": Infinity}', '{"query": -Infinity}', '{"query": 1e400}']
+
+
+@pytest.mark.parametrize("arguments", NOT_JSON_ARGUMENTS)
+@pytest.mark.parametrize("shape", ["tool_call", "fence", "bare"])
+def test_a_call_whose_arguments_are_not_strict_json_is_no_call(arguments, shape):
+    """NaN, Infinity and 1e400 (which Python's json reads as inf) made arguments such as
+    '{"a": Infinity}', which clients' JSON parsers refuse and our own 400 when the assistant turn
+    came back; such output stays content, in whole and streamed parsing alike."""
+    call = f'{{"name": "search", "arguments": {arguments}}}'
+    text = {"tool_call": f"<tool_call>\n{call}\n</tool_call>", "fence": f"```json\n{call}\n```", "bare": call}[shape]
+    whole = parse_tool_calls(text, TOOLS)
+    # a malformed <tool_call> block is dropped, as any is; an untagged one is the text it was
+    assert whole.tool_calls == [] and whole.content == ("" if shape == "tool_call" else text)
+    assert summary(fold(stream(text, list(range(0, len(text), 3))))) == summary(whole)
+
+
+@pytest.mark.parametrize("shape", ["tool_call", "fence", "bare"])
+def test_a_call_nested_past_the_depth_limit_is_no_call_and_no_crash(shape):
+    deep = "[" * 3000 + "]" * 3000
+    call = f'{{"name": "search", "arguments": {{"query": {deep}}}}}'
+    text = {"tool_call": f"<tool_call>\n{call}\n</tool_call>", "fence": f"```json\n{call}\n```", "bare": call}[shape]
+    assert parse_tool_calls(text, TOOLS).tool_calls == []
+    fold(stream(text, [len(text) // 2]))
+
+
+def test_qwen_xml_parameters_survive_a_broken_schema_and_huge_integers():
+    """A client's anyOf/oneOf that is not a list, and a 5,000-digit integer for an integer
+    parameter: the call is still parsed (the value kept as text), no TypeError or ValueError."""
+    tools = [fn("f", {"p": {"anyOf": 5}, "q": {"oneOf": True}, "n": {"type": "integer"}})]
+    digits = "9" * 5000
+    text = (f"<tool_call>\n<function=f>\n<parameter=p>\n1\n</parameter>\n<parameter=q>\nx\n</parameter>\n"
+            f"<parameter=n>\n{digits}\n</parameter>\n</function>\n</tool_call>")
+    (call,) = parse_tool_calls(text, tools).tool_calls
+    args = json.loads(call.arguments)
+    assert args["p"] == 1 and args["q"] == "x" and args["n"] == digits

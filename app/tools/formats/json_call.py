@@ -9,12 +9,16 @@ import re
 from enum import Enum
 from typing import Any, Optional
 
+from app.validation import MAX_DEPTH, STRICT_DECODER, depth
+
 from ..calls import Call, Calls, Judged, Segment, Text, Tools, Verdict, call_from_obj, judge
 
 FENCE = "```"
 # What a bare JSON call must start with; failing this on a prefix fails on every extension.
 _BARE_START = re.compile(r'\{\s*(?:"|\Z)|\[\s*(?:\{\s*(?:"|\Z)|\Z)')
-_DECODER = json.JSONDecoder()
+# strict JSON only (no NaN, Infinity or 1e400: arguments go back to clients, and come back to us,
+# as JSON), at most MAX_DEPTH deep
+_DECODER = STRICT_DECODER
 
 
 def json_values(s: str) -> Optional[list[Any]]:
@@ -24,7 +28,9 @@ def json_values(s: str) -> Optional[list[Any]]:
     while i < len(s):
         try:
             value, i = _DECODER.raw_decode(s, i)
-        except ValueError:
+        except (ValueError, RecursionError):
+            return None
+        if depth(value) > MAX_DEPTH:
             return None
         out.append(value)
         while i < len(s) and s[i].isspace():
@@ -94,7 +100,9 @@ def read_bare(buf: str, final: bool, tools: Tools) -> tuple[Bare, list[Call]]:
         if e.pos < len(buf) - 10 and not e.msg.startswith("Unterminated string"):
             return Bare.NO, []
         return Bare.WAIT, []
-    except RecursionError:
+    except (ValueError, RecursionError):  # NaN, Infinity, 1e400: not JSON, whatever follows
+        return Bare.NO, []
+    if depth(value) > MAX_DEPTH:
         return Bare.NO, []
     if buf[end:].strip():
         return Bare.NO, []
