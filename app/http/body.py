@@ -37,10 +37,27 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
 
 
+def _charset(params: str) -> str | None:
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
+
+
 def read_json(req: falcon.Request, max_bytes: int) -> Any:
-    ctype = (req.content_type or "application/json").split(";")[0].strip().lower()
+    ctype, _, params = (req.content_type or "application/json").partition(";")
+    ctype = ctype.strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise APIError(415, f"content type {ctype!r} is not supported; send application/json",
+                       code="unsupported_media_type")
+    charset = _charset(params)
+    if charset not in (None, "utf-8", "utf8", "us-ascii"):
+        raise APIError(415, f"charset {charset!r} is not supported; JSON bodies are UTF-8",
+                       code="unsupported_media_type")
+    encoding = (req.get_header("Content-Encoding") or "identity").strip().lower()
+    if encoding != "identity":
+        raise APIError(415, f"Content-Encoding {encoding!r} is not supported; send the body uncompressed",
                        code="unsupported_media_type")
     length = req.content_length
     if length is not None and length > max_bytes:

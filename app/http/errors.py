@@ -85,13 +85,23 @@ def to_api_error(ex: Exception) -> APIError:
         return APIError(503, str(ex), code="queue_timeout", headers={"Retry-After": "5"})
     if isinstance(ex, GrammarError):  # the request's grammar or schema hit a limit mid-generation
         log.warning("constrained decoding stopped: %s", ex)
-        return APIError(400, f"the output could not be kept within the requested format: {ex}",
+        return APIError(400, f"the output could not be kept within the requested format: {_grammar_reason(ex)}",
                         code="grammar_failed")
     if isinstance(ex, NativeError):
         log.error("runtime error: %s", ex)
         return APIError(500, "the model runtime failed on this request", code="runtime_error")
     log.error("unhandled error", exc_info=ex)
     return APIError(500, "internal server error", code="internal_error")
+
+
+def _grammar_reason(ex: Exception) -> str:
+    """The matcher's reason without the parser state it appends (kilobytes of `<state>` and
+    `<grammar>` dumps: the server log keeps them)."""
+    text = str(ex)
+    for cut in ("<state>", "<grammar>", "\n"):
+        text = text.split(cut, 1)[0]
+    text = text.strip()
+    return (text[:300] + "...") if len(text) > 300 else (text or "the format allows no further output")
 
 
 # An API's error body for an APIError.

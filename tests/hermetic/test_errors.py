@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import threading
 
 import falcon.testing
@@ -159,3 +160,23 @@ def test_a_runtime_failure_is_a_500_and_a_stream_error_event(fake, client):
     assert chunks[-1]["error"]["code"] == "runtime_error"
     # the engine recovers: the next request runs from a clean cache
     assert client.simulate_post("/v1/chat/completions", json={"messages": HELLO}).json["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("headers, ok", [
+    ({"Content-Type": "application/json; charset=utf-8"}, True),
+    ({"Content-Type": 'application/json; charset="UTF-8"'}, True),
+    ({"Content-Type": "application/json;charset=utf-16"}, False),
+    ({"Content-Type": "application/json; charset=latin-1"}, False),
+    ({"Content-Type": "application/json", "Content-Encoding": "identity"}, True),
+    ({"Content-Type": "application/json", "Content-Encoding": "gzip"}, False),
+    ({"Content-Type": "application/json", "Content-Encoding": "br"}, False),
+])
+def test_a_body_in_another_charset_or_compressed_is_a_415_that_says_so(client, headers, ok):
+    """Found by fuzzing: a gzip body got 'not valid UTF-8', and charset=utf-16 was decoded as UTF-8."""
+    body = json.dumps({"messages": HELLO, "max_tokens": 1}).encode()
+    r = client.simulate_post("/v1/chat/completions", body=body, headers=headers)
+    if ok:
+        assert r.status_code == 200, r.text
+    else:
+        error = envelope(r, 415, "unsupported_media_type")
+        assert ("charset" in error["message"]) != ("Content-Encoding" in error["message"])
