@@ -59,7 +59,7 @@ def _wait_health(proc: subprocess.Popen, base: str, log: Path, timeout: float) -
 
 
 @pytest.mark.slow
-def test_a_gguf_is_built_with_the_quantization_asked_for_and_served(tmp_path):
+def test_a_gguf_is_built_with_the_quantization_asked_for_and_served_by_etserve_and_plain_gunicorn(tmp_path):
     gguf = write_tiny(tmp_path / "tiny-qwen2.gguf", "qwen2", qkv_bias=True, name="Tiny Served")
     cache, log, port = tmp_path / "cache", tmp_path / "etserve.log", free_port()
     proc = _etserve("--model", str(gguf), "--quantize", "8da8w", "--host", "127.0.0.1", "--port", str(port),
@@ -78,6 +78,27 @@ def test_a_gguf_is_built_with_the_quantization_asked_for_and_served(tmp_path):
         assert r.status_code == 200, r.text
         assert 1 <= r.json()["usage"]["completion_tokens"] <= 4
         assert "ignored" not in log.read_text()  # the build's own quantization: nothing to warn about
+    finally:
+        _stop(proc)
+
+    # The same file named by the environment alone, under gunicorn's own command line (a deployment
+    # configured that way): its config finds the build (the same checksum and options, so no
+    # second export) before the worker starts, as `etserve` does.
+    log, port = tmp_path / "gunicorn.log", free_port()
+    env = {**_env(cache), "ETSERVE_MODEL": str(gguf), "ETSERVE_QUANTIZE": "8da8w", "ETSERVE_PORT": str(port),
+           "ETSERVE_HOST": "127.0.0.1", "ETSERVE_THREADS": "2", "ETSERVE_PARALLEL": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")], cwd=ROOT,
+                            env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert _wait_health(proc, base, log, timeout=600)["status"] == "ok", log.read_text()[-3000:]
+        assert len(list((cache / "models").rglob("etserve.json"))) == 1
+        assert "ignored" not in log.read_text()
+        head = requests.head(base + "/health", timeout=5)  # load balancers' checks
+        assert head.status_code == 200 and head.content == b""
+        assert requests.get(base + "/props", timeout=5).json()["total_slots"] == 2
+        r = requests.post(base + "/completion", json={"prompt": "hello", "n_predict": 2}, timeout=60)
+        assert r.status_code == 200 and 0 <= r.json()["id_slot"] < 2, r.text
     finally:
         _stop(proc)
 
@@ -106,27 +127,3 @@ def test_a_quantize_that_is_no_build_option_stops_the_command(tmp_path):
         "etserve: error: --quantize must be one of none, 8da4w, 8da8w, got 'q4_k_m'"
     assert not (tmp_path / "cache").exists()
 
-
-@pytest.mark.slow
-def test_plain_gunicorn_builds_a_gguf_named_by_the_environment(tmp_path):
-    """ETSERVE_MODEL=FILE.gguf with gunicorn's own command line (a deployment configured by its
-    environment alone): the config builds it before the worker starts, as `etserve` would."""
-    gguf = write_tiny(tmp_path / "tiny-llama.gguf", "llama", tokenizer="llama3", name="Tiny Env")
-    cache, log, port = tmp_path / "cache", tmp_path / "gunicorn.log", free_port()
-    env = {**_env(cache), "ETSERVE_MODEL": str(gguf), "ETSERVE_PORT": str(port), "ETSERVE_HOST": "127.0.0.1",
-           "ETSERVE_THREADS": "2", "ETSERVE_PARALLEL": "2"}
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")], cwd=ROOT,
-                            env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        assert _wait_health(proc, base, log, timeout=900)["status"] == "ok"
-        (manifest,) = [json.loads(p.read_text()) for p in (cache / "models").rglob("etserve.json")]
-        assert manifest["quantize"] == "none"  # a file this small: unquantized
-        head = requests.head(base + "/health", timeout=5)  # load balancers' checks
-        assert head.status_code == 200 and head.content == b""
-        props = requests.get(base + "/props", timeout=5).json()
-        assert props["total_slots"] == 2
-        r = requests.post(base + "/completion", json={"prompt": "hello", "n_predict": 2}, timeout=60)
-        assert r.status_code == 200 and 0 <= r.json()["id_slot"] < 2, r.text
-    finally:
-        _stop(proc)
