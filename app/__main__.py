@@ -31,19 +31,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _build_gguf(path: str, quantize: str = "") -> str:
-    """``--model FILE.gguf``: build it (with --quantize when given; cached by the file's checksum
-    and the options; progress on stderr) and return the model directory. Needs the build extras
-    (torch, executorch, gguf)."""
-    import subprocess
-
-    cmd = [sys.executable, "-m", "app.models", "build-gguf", path] + (["--quantize", quantize] if quantize else [])
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.exit(proc.returncode)
-    return proc.stdout.strip().splitlines()[-1]
-
-
 def _check_port_free(host: str, port: int) -> None:
     """One line where gunicorn would retry the bind for five seconds and then print a dozen."""
     import errno
@@ -78,9 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser().error(str(e))
     _check_port_free(settings.host, settings.port)
-    if settings.model.endswith(".gguf") and not settings.model_path and not settings.models_dir:
-        env["ETSERVE_MODEL_PATH"] = _build_gguf(settings.model, settings.quantize)
-        env.pop("ETSERVE_QUANTIZE", None)  # applied: the server is given the build itself
+    # a --model FILE.gguf is built by gunicorn's config (app/gunicorn_conf.py), before the worker starts
     os.execve(sys.executable, [sys.executable, "-m", "gunicorn", "-c", CONFIG], env)
 
 

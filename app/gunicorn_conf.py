@@ -15,13 +15,26 @@ try:
 except ValueError as e:  # a bad ETSERVE_* value: say which, before gunicorn starts anything
     raise SystemExit(f"etserve: {e}") from None
 
-if _settings.model.endswith(".gguf") and not _settings.model_path and not _settings.models_dir:
-    # ETSERVE_MODEL=FILE.gguf under plain gunicorn, as `etserve --model FILE.gguf` does it: built
-    # (once, cached) before the worker starts; the worker inherits the directory
-    from app.__main__ import _build_gguf
 
+
+def _build_gguf(path: str, quantize: str) -> str:
+    """``--model FILE.gguf`` (`etserve`, or ETSERVE_MODEL under plain gunicorn): built with
+    --quantize when given, once (cached by the file's checksum and the options; progress on
+    stderr); the model directory. Needs the build extras (torch, executorch, gguf)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "app.models", "build-gguf", path] + (["--quantize", quantize] if quantize else [])
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:  # build-gguf said why, in one line
+        raise SystemExit(proc.returncode)
+    return proc.stdout.strip().splitlines()[-1]
+
+
+if _settings.model.endswith(".gguf") and not _settings.model_path and not _settings.models_dir:
+    # before the worker starts: it inherits the directory (and a reload finds it set)
     os.environ["ETSERVE_MODEL_PATH"] = _build_gguf(_settings.model, _settings.quantize)
-    os.environ.pop("ETSERVE_QUANTIZE", None)
+    os.environ.pop("ETSERVE_QUANTIZE", None)  # applied: the server is given the build itself
 
 wsgi_app = "app.wsgi:create_app()"
 bind = [f"[{_settings.host}]:{_settings.port}" if ":" in _settings.host else f"{_settings.host}:{_settings.port}"]

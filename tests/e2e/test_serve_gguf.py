@@ -127,3 +127,14 @@ def test_a_quantize_that_is_no_build_option_stops_the_command(tmp_path):
         "etserve: error: --quantize must be one of none, 8da4w, 8da8w, got 'q4_k_m'"
     assert not (tmp_path / "cache").exists()
 
+
+
+def test_a_file_that_is_no_gguf_stops_etserve_in_one_line(tmp_path):
+    """The build runs in gunicorn's config, before any worker: its one-line refusal is etserve's."""
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a model at all" * 10)
+    proc = subprocess.run([sys.executable, "-m", "app", "--model", str(bogus), "--port", str(free_port())], cwd=ROOT,
+                          env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "build-gguf: bogus.gguf is not a GGUF file"
+    assert "Traceback" not in proc.stderr and "Booting worker" not in proc.stderr
