@@ -528,6 +528,7 @@ class Engine:
                 out = self._with_step(slot, claim, cancel, self._offload, model.forward, chunk, pos)
             if out is _CANCELLED:
                 stats.finish_reason = "cancelled"
+                stats.prompt_ms = (time.perf_counter() - t0) * 1000  # what was read before it
                 return
             if last:
                 event, rng = out

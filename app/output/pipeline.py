@@ -110,7 +110,7 @@ class ChoicePipeline:
         if self._splitter is not None:
             yield from self._split(self._splitter.flush())
         if self._parser is not None:
-            yield from _non_empty(self._parser.finish())
+            yield from _non_empty(self._parser.finish(cut=self._text.finish_reason == "length"))
 
     def _split(self, split: Split) -> Iterator[Delta]:
         """Reasoning first; the tool parser reads only the answer."""

@@ -53,20 +53,21 @@ class StreamingToolParser:
         self._buf += text
         return self._run(final=False)
 
-    def finish(self) -> list[Delta]:
+    def finish(self, *, cut: bool = False) -> list[Delta]:
+        """The rest, decided. `cut`: the output was cut short (max_tokens): see scanner.scan."""
         if self._done:
             return []
         self._done = True
         if not self._tools:
             return []
-        out = self._run(final=True)
+        out = self._run(final=True, cut=cut)
         if self._held_ws and not self._calls:
             out.append(ContentDelta(self._held_ws))
         self._held_ws = ""
         return out
 
-    def _run(self, final: bool) -> list[Delta]:
-        segs, used, self._at_start = scan(self._buf, self._tools, final=final, at_start=self._at_start)
+    def _run(self, final: bool, cut: bool = False) -> list[Delta]:
+        segs, used, self._at_start = scan(self._buf, self._tools, final=final, at_start=self._at_start, cut=cut)
         self._buf = self._buf[used:]
         out: list[Delta] = []
         for seg in segs:
@@ -111,12 +112,13 @@ def fold(deltas: list[Delta]) -> ParsedOutput:
     return ParsedOutput("".join(content), [ToolCall(*calls[i]) for i in sorted(calls)])
 
 
-def parse_tool_calls(text: str, tools: list[dict] | None, *, parallel: bool = True) -> ParsedOutput:
-    """The whole output → content and tool calls."""
+def parse_tool_calls(text: str, tools: list[dict] | None, *, parallel: bool = True,
+                     cut: bool = False) -> ParsedOutput:
+    """The whole output → content and tool calls (`cut`: it was cut short, see scanner.scan)."""
     declared = declared_tools(tools)
     if not declared:
         return ParsedOutput(text, [])
-    segs, _, _ = scan(text, declared, final=True, at_start=True)
+    segs, _, _ = scan(text, declared, final=True, at_start=True, cut=cut)
     content: list[str] = []
     calls: list[ToolCall] = []
     for seg in segs:

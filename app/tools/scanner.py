@@ -5,7 +5,8 @@ Decisions (the lead should know):
 - A construct whose calls are well formed but name an undeclared tool stays content, verbatim (tags
   included). If one call of a block names an undeclared tool, the whole block stays content.
 - Broken markup is dropped, prose around it kept: a `<tool_call>` block holding invalid JSON or no call
-  shape, a `<tool_call>` / `<function=` left open at the end of output, a stray `</tool_call>`.
+  shape, a `<tool_call>` / `<function=` left open at the end of output, a stray `</tool_call>`, and
+  (output cut short by max_tokens only) a marker's first characters at the very end (`<tool_`).
   Exception: an unclosed `<tool_call>` (or fence) at the end whose body is nonetheless a complete JSON call
   (or complete `<function=...>...</function>` blocks) is accepted: the model stopped right before its
   closing tag. Inside a closed block a missing `</function>` / `</parameter>` is tolerated.
@@ -37,8 +38,11 @@ def _partial_marker_len(s: str) -> int:
     return best
 
 
-def scan(buf: str, tools: Tools, *, final: bool, at_start: bool) -> tuple[list[Segment], int, bool]:
-    """Decide what a prefix of `buf` is. Returns (segments, how much of buf they cover, still at start)."""
+def scan(buf: str, tools: Tools, *, final: bool, at_start: bool,
+         cut: bool = False) -> tuple[list[Segment], int, bool]:
+    """Decide what a prefix of `buf` is. Returns (segments, how much of buf they cover, still at start).
+    `cut` (with final): the output was cut short (max_tokens), so a marker begun at its very end
+    (`<tool_` of `<tool_call>`) is unfinished markup, dropped as an unfinished block is."""
     out: list[Segment] = []
     if at_start:
         stripped = buf.lstrip()
@@ -57,10 +61,11 @@ def scan(buf: str, tools: Tools, *, final: bool, at_start: bool) -> tuple[list[S
     while i < len(buf):
         m = _MARKER_RE.search(buf, i)
         if m is None:
-            keep = 0 if final else _partial_marker_len(buf[i:])
-            if len(buf) - keep > i:
-                out.append(Text(buf[i:len(buf) - keep]))
-            i = len(buf) - keep
+            # a marker's beginning at the end: held back while streaming, dropped when cut short
+            tail = _partial_marker_len(buf[i:]) if not final or cut else 0
+            if len(buf) - tail > i:
+                out.append(Text(buf[i:len(buf) - tail]))
+            i = len(buf) if final else len(buf) - tail
             break
         p = m.start()
         if p > i:

@@ -68,3 +68,27 @@ def test_streaming_and_non_streaming_agree_with_tools(server, served_model):
         assert finish == "tool_calls"
         for c in whole_calls:
             assert isinstance(json.loads(c["arguments"]), dict)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_short_leaks_no_markup(server, served_model, stream):
+    """A call forced by tool_choice and cut by max_tokens inside its `<tool_call>` markup (SmolLM2
+    spells the tag in several tokens) ends as "length" with neither content nor a half call:
+    the markup's first characters are not content."""
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=300)
+    for n in range(1, 7):
+        kw = dict(model=served_model.id, messages=ASK, tools=WEATHER, tool_choice="required", temperature=0,
+                  max_tokens=n)
+        if stream:
+            content, calls, finish = "", 0, None
+            for chunk in client.chat.completions.create(stream=True, **kw):
+                for c in chunk.choices:
+                    content += c.delta.content or ""
+                    calls += len(c.delta.tool_calls or [])
+                    finish = c.finish_reason or finish
+        else:
+            choice = client.chat.completions.create(**kw).choices[0]
+            content, calls, finish = choice.message.content or "", len(choice.message.tool_calls or []), \
+                choice.finish_reason
+        assert finish == "length", (n, finish)
+        assert "<" not in content and calls == 0, (n, content)

@@ -56,6 +56,29 @@ def test_cancel_stops_within_one_step(served_model):
     assert seen == 3
 
 
+def test_a_prefill_cancelled_part_way_reports_the_time_it_read(served_model):
+    """Cancelled between two chunks of its prompt: the stats say how long the part read took
+    (the access log's prefill=), not 0."""
+    from app.engine import PromptProgress
+    engine = served_model.engine
+    filler = served_model.tokenizer.encode("The sky is blue and the sea is green. ")
+    ids = (filler * engine.context_length)[: engine.context_length - 8]
+    saved, engine.prefill_chunk = engine.prefill_chunk, 64
+    engine.prefix_reuse = False
+    try:
+        cancel = CancelToken()
+        gen = engine.generate(GenerationRequest(ids, 4, GREEDY, frozenset(), report_progress=True), cancel)
+        for event in gen:
+            assert isinstance(event, PromptProgress)
+            if event.processed > 0:
+                cancel.cancel()
+    finally:
+        engine.prefill_chunk = saved
+        engine.prefix_reuse = True
+    assert gen.stats.finish_reason == "cancelled" and gen.stats.completion_tokens == 0
+    assert gen.stats.prompt_ms > 0
+
+
 def test_prefix_reuse_gives_the_same_text(served_model):
     engine = served_model.engine
     first = prompt(served_model, "Name a fruit.")

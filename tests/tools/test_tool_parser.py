@@ -304,3 +304,19 @@ def test_qwen_xml_parameters_survive_a_broken_schema_and_huge_integers():
     (call,) = parse_tool_calls(text, tools).tool_calls
     args = json.loads(call.arguments)
     assert args["p"] == 1 and args["q"] == "x" and args["n"] == digits
+
+
+@pytest.mark.parametrize("tail", ["<", "<tool", "<tool_call", "</tool_"])
+def test_a_marker_begun_at_a_cut_end_is_dropped(tail):
+    """Output cut short (max_tokens) right inside a marker: the marker's first characters are
+    unfinished markup, dropped as an unfinished block is; at a natural end they stay content."""
+    text = "Let me check. " + tail
+    assert parse_tool_calls(text, TOOLS, cut=True).content == "Let me check. "
+    assert parse_tool_calls(text, TOOLS).content == text
+    for cuts in ([], [3], [len(text) - 2]):
+        parser = StreamingToolParser(TOOLS)
+        deltas = []
+        for a, b in zip([0, *cuts], [*cuts, len(text)]):
+            deltas += parser.push(text[a:b])
+        assert fold(deltas + parser.finish(cut=True)).content == "Let me check. "
+    assert parse_tool_calls("a < b", TOOLS, cut=True).content == "a < b"  # not at the end: prose
