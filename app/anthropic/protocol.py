@@ -229,6 +229,12 @@ def _messages(value: Any) -> tuple[list[str], list[dict[str, Any]]]:
             raise invalid_value(f"{where}.role", f"'{where}.role' must be 'user' or 'assistant'")
     if not out:
         raise invalid_value("messages", "'messages' needs at least one user or assistant message")
+    last = out[-1]
+    if last["role"] == "assistant" and not last.get("tool_calls") and last["content"] != last["content"].rstrip():
+        # a prefill the model continues (app/http/chat.py): as Anthropic, not after whitespace,
+        # which would leave the model a token boundary it never saw in training
+        raise invalid_value(f"messages[{len(value) - 1}].content",
+                            "final assistant content cannot end with trailing whitespace")
     return system, out
 
 

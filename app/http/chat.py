@@ -15,7 +15,7 @@ from app.engine import CancelToken, GenerationRequest
 from app.engine.offload import run_blocking
 from app.model_host import ServedModel
 from app.output import ChoicePipeline, OutputOptions
-from app.text.chat_prompt import ChatPrompt, render_chat
+from app.text.chat_prompt import CannotContinue, ChatPrompt, continues_final_message, render_chat
 from app.text.chat_template import TemplateError
 from app.text.reasoning import prompt_opens_reasoning
 from app.tools import calls_as_text, template_supports_tools, with_tools_system_prompt
@@ -94,6 +94,9 @@ class ChatService:
         if self.model.template is None:
             raise APIError(400, "this model has no chat template", code="no_chat_template")
         messages, tools = request.messages, request.tools
+        # a final assistant message is a prefill: continued, not answered (Anthropic's semantics;
+        # llama.cpp's chat does the same); one with tool calls is a whole turn
+        prefill = not system_only and continues_final_message(messages)
         if not self._template_takes_tools:
             messages = [calls_as_text(m) for m in messages]
             if tools:
@@ -104,10 +107,10 @@ class ChatService:
         template = self.model.template
         try:
             return render_chat(self.model.tokenizer,
-                               lambda m, t: template.render(m, tools=t, add_generation_prompt=not system_only,
+                               lambda m, t: template.render(m, tools=t, add_generation_prompt=not (system_only or prefill),
                                                             **(kwargs | request.template_kwargs)),
-                               messages, tools)
-        except TemplateError as e:
+                               messages, tools, continue_final=prefill)
+        except (TemplateError, CannotContinue) as e:
             raise APIError(400, str(e), code="invalid_prompt", param="messages") from None
 
     def _system_tokens(self, request: ChatRequest, tokens: list[int]) -> int:

@@ -73,12 +73,38 @@ class _Escaper:
         return [p for p in pieces if p[0]]
 
 
+class CannotContinue(ValueError):
+    """The template does not write the final assistant message's text where it can be continued."""
+
+
+def continues_final_message(messages: list[dict[str, Any]]) -> bool:
+    """A conversation ending in an assistant message with text and no tool calls: a prefill, which
+    the model continues (Anthropic's Messages; llama.cpp's chat) rather than answers with a new turn."""
+    last = messages[-1] if messages else None
+    return (isinstance(last, dict) and last.get("role") == "assistant" and not last.get("tool_calls")
+            and isinstance(last.get("content"), str) and last["content"] != "")
+
+
 def render_chat(tokenizer: Tokenizer, render: Callable[[list[dict[str, Any]], Any], str],
-                messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> ChatPrompt:
+                messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                continue_final: bool = False) -> ChatPrompt:
     """`render(messages, tools)` (the template) on the client's messages and tools with their
-    special-token text escaped; the tokens with special tokens only where the template put them."""
+    special-token text escaped; the tokens with special tokens only where the template put them.
+    `continue_final` (`render` then writes no generation prompt): the prompt ends where the final
+    assistant message's text does, without the end of its turn, so the model goes on with it."""
     escaper = _Escaper(tokenizer.special_token_texts)
-    rendered = render(escaper.escape(messages), escaper.escape(tools))
+    escaped = escaper.escape(messages)
+    end = None
+    if continue_final:
+        end = f"{_OPEN}{escaper.nonce}:end{_CLOSE}"
+        escaped = [*escaped[:-1], {**escaped[-1], "content": escaped[-1]["content"] + end}]
+    rendered = render(escaped, escaper.escape(tools))
+    if end is not None:
+        at = rendered.find(end)
+        if at < 0:
+            raise CannotContinue("this model's chat template does not write a final assistant message "
+                                 "where it can be continued")
+        rendered = rendered[:at]
     pieces = escaper.split(rendered)
     text = "".join(p for p, _ in pieces)
     if len(pieces) == 1:

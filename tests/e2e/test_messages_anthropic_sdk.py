@@ -108,6 +108,34 @@ def test_max_tokens_and_stop_sequences(client):
     assert cut.content[0].text == text[:text.index(stop)]
 
 
+def test_a_final_assistant_message_is_continued(client, server):
+    """A prefill: the prompt ends inside the assistant's turn, after its text (no end of turn, no
+    new turn), and the reply is the greedy continuation of exactly that prompt, as /completion
+    gives it; a prefill ending in whitespace is refused, as Anthropic does."""
+    prefill = [*HELLO, {"role": "assistant", "content": [{"type": "text", "text": "one two three"}]}]
+    prompt = post(server, {"messages": [*HELLO, {"role": "assistant", "content": "one two three"}]},
+                  "/apply-template").json()["prompt"]
+    assert prompt.endswith("<|im_start|>assistant\none two three"), prompt
+    m = client.messages.create(model="m", max_tokens=8, messages=prefill, extra_body=GREEDY)
+    raw = post(server, {"prompt": prompt, "n_predict": 8, "temperature": 0}, "/completion").json()
+    assert m.content[0].text == raw["content"] and m.usage.output_tokens == raw["tokens_predicted"]
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == raw["tokens_evaluated"]
+    fresh = client.messages.create(model="m", max_tokens=8, messages=HELLO, extra_body=GREEDY)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens > \
+        fresh.usage.input_tokens + fresh.usage.cache_read_input_tokens
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="m", max_tokens=2, messages=[*HELLO, {"role": "assistant", "content": "one "}])
+    assert "trailing whitespace" in str(e.value)
+    # with tool calls the assistant turn is complete: answered with a new turn, as before
+    done = [*HELLO, {"role": "assistant", "content": [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_1", "name": "look", "input": {}}]}]
+    closed = post(server, {"messages": [*HELLO, {"role": "assistant", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "look", "arguments": "{}"}}]}]}, "/apply-template")
+    assert closed.json()["prompt"].endswith("<|im_start|>assistant\n"), closed.text
+    assert client.messages.create(model="m", max_tokens=2, messages=done, extra_body=GREEDY).stop_reason
+
+
 def test_max_tokens_beyond_the_context_is_clamped_not_refused(client, server):
     context = served_model_info(server)["context_length"]
     m = client.messages.create(model="m", max_tokens=32000, messages=HELLO, extra_body=GREEDY)
