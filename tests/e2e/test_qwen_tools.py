@@ -131,3 +131,32 @@ def test_agent_loop_call_result_answer(client, model, stream):
     assert finish == "stop" and not calls
     assert answer and answer.strip()
     print(f"\nfinal answer ({'streamed' if stream else 'whole'}): {answer!r}")
+
+
+OPEN_WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                   "required": ["city"]}}}]  # no additionalProperties, as most clients write it
+OPEN_CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                              "country": {"type": "string", "maxLength": 40}}}
+
+
+def test_constrained_output_invents_no_keys(client, model):
+    """An object schema listing its properties and silent about others is closed to others when
+    decoding is constrained (llama.cpp's converter and OpenAI's strict mode do the same): forced
+    calls' arguments and json_schema output hold declared keys only, so `fn(**arguments)` works."""
+    keys: list[set] = []
+    for i, prompt in enumerate(["What is the weather in Paris?", "Tell me about Rome.", "hello"]):
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], tools=OPEN_WEATHER,
+            tool_choice="required", n=4, temperature=1.0, seed=300 + i, max_tokens=60)
+        for c in r.choices:
+            assert c.finish_reason == "tool_calls", c
+            keys += [set(json.loads(call.function.arguments)) for call in c.message.tool_calls]
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt + " Answer in JSON."}], n=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": OPEN_CITY}},
+            temperature=1.0, seed=400 + i, max_tokens=60)
+        keys += [set(json.loads(c.message.content)) for c in r.choices if c.finish_reason == "stop"]
+    assert len(keys) >= 16
+    assert all(k <= {"city", "country"} for k in keys), keys
