@@ -44,8 +44,10 @@ class TextStream:
                 text, stopped = self._cut(*self._stops.push(self._detok.push(event.token_id)))
                 if text:
                     yield text
-                if stopped:
+                if stopped:  # a stop string (or the infill's indentation) ended it: decoding stops here
                     self.finish_reason = "stop"
+                    if self.stats.finish_reason is None:
+                        self.stats.finish_reason = "stop"  # the access log's finish=, not "error"
                     return
             tail, stopped = self._stops.push(self._detok.flush())
             if not stopped:

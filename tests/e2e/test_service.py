@@ -145,6 +145,11 @@ def test_one_log_line_per_request_with_tokens_and_timings(env_only_server):
     assert (f"prompt={usage['prompt_tokens']} cached={usage['prompt_tokens_details']['cached_tokens']} "
             f"completion={usage['completion_tokens']} finish=length ") in line
     assert re.search(r" queued=\d+ms prefill=\d+ms decode=\d+ms$", line), line
+    text = r.json()["choices"][0]["message"]["content"]
+    r = requests.post(base + "/v1/chat/completions", timeout=60, headers={**key, "X-Request-Id": "log-stopped"},
+                      json={**body, "stop": [text[len(text) // 2:][:2]]})  # a stop string ends it
+    assert r.json()["choices"][0]["finish_reason"] == "stop", r.text
+    assert " finish=stop " in _log_line(log_path, "log-stopped")
 
     with requests.post(base + "/v1/chat/completions", stream=True, timeout=60,
                        headers={**key, "X-Request-Id": "log-stream"},
