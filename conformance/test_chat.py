@@ -102,7 +102,7 @@ def test_text_content_parts(client, model):
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
-    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": -0.1}, "top_p"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 17}, "stop"),
 ])

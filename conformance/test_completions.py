@@ -81,7 +81,7 @@ def test_stream_events_are_well_formed(post, model):
 
 @pytest.mark.parametrize("body, param", [
     ({"prompt": PROMPT, "temperature": -1}, "temperature"),
-    ({"prompt": PROMPT, "top_p": 0}, "top_p"),
+    ({"prompt": PROMPT, "top_p": 1.5}, "top_p"),
     ({"prompt": PROMPT, "max_tokens": -5}, "max_tokens"),
 ])
 def test_invalid_values_are_400_naming_the_field(post, model, body, param):

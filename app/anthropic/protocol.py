@@ -88,7 +88,7 @@ def _parse(body: Any, *, counting: bool) -> MessagesRequest:
         messages = [{"role": "system", "content": system_text}, *messages]
     sampling = SamplingParams(
         temperature=f.number("temperature", 1.0, lo=0.0, hi=1.0),
-        top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
+        top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0),
         top_k=f.integer("top_k", 0, lo=0),
     )
     params = GenerationParams(sampling=sampling, max_tokens=None, stop=_stop_sequences(f.raw("stop_sequences")))

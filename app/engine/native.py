@@ -314,9 +314,9 @@ class NativeModel:
             temperature=params.temperature,
             # a top_k of the vocabulary or more keeps every token: off (and it may not fit int32)
             top_k=params.top_k if params.top_k < self.info.vocab_size else 0,
-            # a top_p below float32's range would reach the C struct as 0, which means off: the
-            # smallest normal float keeps the best token, as any tiny top_p does
-            top_p=max(params.top_p, _FLT_MIN) if params.top_p > 0 else params.top_p,
+            # a top_p of 0, or below float32's range, would reach the C struct as 0, which means
+            # off: the smallest normal float keeps the best token, as any tiny top_p does
+            top_p=max(params.top_p, _FLT_MIN),
             min_p=params.min_p,
             repetition_penalty=params.repetition_penalty,
             presence_penalty=params.presence_penalty,

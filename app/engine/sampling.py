@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 class SamplingParams:
     temperature: float = 1.0  # 0: greedy
     top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
+    top_p: float = 1.0  # 1: off; 0: the best token only
     min_p: float = 0.0  # 0: off
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0

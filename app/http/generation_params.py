@@ -30,7 +30,7 @@ def parse_generation_params(f: Fields) -> GenerationParams:
         max_tokens = max_completion
     sampling = SamplingParams(
         temperature=f.number("temperature", 1.0, lo=0.0, hi=2.0),
-        top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
+        top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0),  # 0 (OpenAI allows it): the best token only
         top_k=f.integer("top_k", 0, lo=0),
         min_p=f.number("min_p", 0.0, lo=0.0, hi=1.0),
         presence_penalty=f.number("presence_penalty", 0.0, lo=-2.0, hi=2.0),

@@ -10,7 +10,7 @@ import requests
 OK_MSG = [{"role": "user", "content": "hi"}]
 FIELDS = {
     "temperature": [-0.1, 2.5, "hot", True, [1], {"a": 1}, 1e400],
-    "top_p": [0, -1, 1.5, "x", False],
+    "top_p": [-1, 1.5, "x", False],  # 0 is valid: the best token only
     "top_k": [-1, 1.5, "10", [3]],
     "min_p": [-0.5, 2, "0.1"],
     "max_tokens": [0, -1, 10 ** 30, 1.5, "16", True],
@@ -117,10 +117,12 @@ def test_template_injection_is_rendered_as_text(server):
     ("/v1/chat/completions", {"messages": OK_MSG}),
     ("/v1/completions", {"prompt": "hi"}),
 ])
-def test_extreme_but_valid_sampling_values_are_served(server, path, extra):
+@pytest.mark.parametrize("top_p", [1e-300, 0])
+def test_extreme_but_valid_sampling_values_are_served(server, path, extra, top_p):
     """A top_k past the vocabulary and past int32 (the C sampler's field) keeps every token; a
-    top_p of 1e-300 keeps the best one: greedy text, a 200 (schemathesis found the 500)."""
-    body = {"max_tokens": 4, "top_k": 2**62, "top_p": 1e-300, "seed": 1, **extra}
+    top_p of 1e-300 (schemathesis found the 500) or 0 (OpenAI allows it; some clients send it for
+    greedy) keeps the best one: greedy text, a 200."""
+    body = {"max_tokens": 4, "top_k": 2**62, "top_p": top_p, "seed": 1, **extra}
     r = requests.post(server.base_url + path, json=body, timeout=120)
     assert r.status_code == 200, r.text[:300]
     greedy = requests.post(server.base_url + path, json={**body, "top_k": 0, "temperature": 0}, timeout=120)

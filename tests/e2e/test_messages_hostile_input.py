@@ -12,7 +12,7 @@ OK_MSG = [{"role": "user", "content": "hi"}]
 FIELDS = {
     "max_tokens": [0, -1, 1.5, "16", True, None],
     "temperature": [-0.1, 1.5, "hot", True, [1], 1e400],
-    "top_p": [0, -1, 1.5, "x", False],
+    "top_p": [-1, 1.5, "x", False],  # 0 is valid: the best token only
     "top_k": [-1, 1.5, "10", [3]],
     "stop_sequences": ["x", 5, [1, 2], ["x"] * 17, ["y" * 600], {"a": "b"}],
     "stream": ["yes", 1, [True]],

@@ -143,6 +143,8 @@ def test_a_top_p_below_float32s_range_keeps_the_best_token(model, prompt_ids):
     model.forward(prompt_ids, 0)
     best = argmax(model.logits())
     assert {model.sample(SamplingParams(temperature=1.5, top_p=1e-300), s)[0] for s in range(20)} == {best}
+    # and 0, which OpenAI's API allows (some clients send it for greedy): the best token only
+    assert {model.sample(SamplingParams(temperature=1.5, top_p=0.0), s)[0] for s in range(20)} == {best}
 
 
 def _thp_mode() -> str:
