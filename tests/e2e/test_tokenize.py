@@ -22,6 +22,23 @@ def test_tokenize_llamacpp_shape(server, served_model, prefix):
     assert r.json() == {"tokens": served_model.tokenizer.encode(TEXT)}
 
 
+def test_tokenize_pieces_and_special_text(server, served_model):
+    """llama.cpp's with_pieces (each token's text, or its bytes where they are no whole UTF-8
+    character) and parse_special (false: a special token's text is plain text)."""
+    r = post(server, "/tokenize", {"content": TEXT, "with_pieces": True})
+    assert r.status_code == 200, r.text
+    pieces = r.json()["tokens"]
+    assert [p["id"] for p in pieces] == served_model.tokenizer.encode(TEXT, add_bos=False)
+    data = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
+    assert data.decode() == TEXT
+    assert any(isinstance(p["piece"], list) for p in pieces)  # the emoji's bytes span tokens
+    special = "<|im_end|>"
+    (end,) = post(server, "/tokenize", {"content": special}).json()["tokens"]
+    assert served_model.tokenizer.is_special(end)
+    plain = post(server, "/tokenize", {"content": special, "parse_special": False}).json()["tokens"]
+    assert end not in plain and served_model.tokenizer.decode(plain) == special
+
+
 def test_tokenize_vllm_shape(server, served_model):
     r = post(server, "/tokenize", {"prompt": TEXT})
     assert r.status_code == 200, r.text

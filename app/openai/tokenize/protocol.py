@@ -17,6 +17,8 @@ class TokenizeRequest:
     text: str
     add_special: bool  # add what the tokenizer adds around a text on its own (a BOS, for some models)
     vllm: bool  # asked as vLLM does ("prompt"): answer with count and max_model_len too
+    parse_special: bool = True  # llama.cpp's: special tokens written in the text are their ids
+    with_pieces: bool = False  # llama.cpp's: each token as {"id", "piece"}
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class DetokenizeRequest:
 
 
 def parse_tokenize_request(body: Any) -> TokenizeRequest:
-    """llama.cpp: {"content", "add_special"=false}; vLLM: {"prompt", "add_special_tokens"=true}."""
+    """llama.cpp: {"content", "add_special"=false, "parse_special"=true, "with_pieces"=false};
+    vLLM: {"prompt", "add_special_tokens"=true}."""
     f = Fields.of(body)
     model = f.string("model", None)
     content = f.string("content", None)
@@ -42,9 +45,11 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
         add_special = add_special_tokens
     elif "add_special" not in body:
         add_special = vllm  # each server's own default
+    parse_special = f.boolean("parse_special", True)
+    with_pieces = f.boolean("with_pieces", False)
     f.reject_unknown()
     return TokenizeRequest(model=model, text=content if content is not None else prompt, add_special=add_special,
-                           vllm=vllm)
+                           vllm=vllm, parse_special=parse_special, with_pieces=with_pieces)
 
 
 def parse_detokenize_request(body: Any) -> DetokenizeRequest:

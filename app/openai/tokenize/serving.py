@@ -19,10 +19,18 @@ class Tokenization:
     def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
         check_model(self.model, request.model)
         # With special tokens: exactly what a text prompt to /v1/completions runs on.
+        tokenizer = self.model.tokenizer
         add_bos = None if request.add_special else False
-        tokens = self.model.tokenizer.encode(request.text, add_bos=add_bos)
+        if request.parse_special:
+            tokens = tokenizer.encode(request.text, add_bos=add_bos)
+        else:  # `<|im_end|>` in the text is those characters' tokens
+            bos = tokenizer.bos_token_id
+            add = tokenizer.add_bos_token if add_bos is None else add_bos
+            tokens = ([bos] if add and bos is not None else []) + tokenizer.encode_text(request.text)
         if request.vllm:
             return {"tokens": tokens, "count": len(tokens), "max_model_len": self.model.context_length}
+        if request.with_pieces:  # llama.cpp's: the piece as text, or its bytes where they are no UTF-8
+            return {"tokens": [{"id": t, "piece": _piece(tokenizer.token_bytes(t))} for t in tokens]}
         return {"tokens": tokens}
 
     def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
@@ -35,3 +43,10 @@ class Tokenization:
         """The prompt a chat completion with these messages, tools and template kwargs would run on."""
         check_model(self.model, request.model)
         return {"prompt": self.chat.render_prompt(request)}
+
+
+def _piece(data: bytes) -> str | list[int]:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
