@@ -45,12 +45,19 @@ def _charset(params: str) -> str | None:
     return None
 
 
+# What `curl -d` and hand-written clients label a JSON body they forgot to label: read as JSON
+# when it is (llama.cpp's server reads every body as JSON), else still a 415.
+_MISLABELLED = ("application/x-www-form-urlencoded", "text/plain")
+
+
 def read_json(req: falcon.Request, max_bytes: int) -> Any:
     ctype, _, params = (req.content_type or "application/json").partition(";")
     ctype = ctype.strip().lower()
-    if ctype != "application/json" and not ctype.endswith("+json"):
-        raise APIError(415, f"content type {ctype!r} is not supported; send application/json",
-                       code="unsupported_media_type")
+    unsupported = APIError(415, f"content type {ctype!r} is not supported; send application/json",
+                           code="unsupported_media_type")
+    mislabelled = ctype in _MISLABELLED
+    if ctype != "application/json" and not ctype.endswith("+json") and not mislabelled:
+        raise unsupported
     charset = _charset(params)
     if charset not in (None, "utf-8", "utf8", "us-ascii"):
         raise APIError(415, f"charset {charset!r} is not supported; JSON bodies are UTF-8",
@@ -76,6 +83,8 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
         raise APIError(400, f"the request body could not be read: {_describe(e)}", code="invalid_body") from None
     if len(raw) > max_bytes:
         raise APIError(413, f"the request body is over the limit of {max_bytes} bytes", code="request_too_large")
+    if mislabelled and raw.lstrip()[:1] not in (b"{", b"["):
+        raise unsupported  # a form, or text: not a JSON body
     if not raw:
         raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
@@ -85,6 +94,8 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
     try:
         body = validation.loads(text, what="the request body")
     except validation.InvalidInput as e:
+        if mislabelled:
+            raise unsupported from None
         raise APIError(400, e.message, code="invalid_json") from None
     if "\\u" in text and _has_lone_surrogate(body):
         raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "

@@ -47,6 +47,10 @@ def test_wrong_content_type(server):
     r = requests.post(server.base_url + "/v1/chat/completions", data="messages=hi",
                       headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=10)
     assert_envelope(r, 415)
+    # `curl -d '{...}'` labels a JSON body as a form: read as JSON, as llama.cpp reads it
+    r = requests.post(server.base_url + "/completion", data='{"prompt": "Hello", "n_predict": 2}',
+                      headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 2, r.text
 
 
 def test_prompt_too_long_is_refused_before_streaming(server):

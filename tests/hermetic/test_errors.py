@@ -52,6 +52,15 @@ def test_bad_json_and_media_type(client):
              400, "invalid_json")
     envelope(client.simulate_post("/v1/chat/completions", body=b"a=b", headers={"Content-Type": "text/plain"}),
              415, "unsupported_media_type")
+    # a JSON body labelled as `curl -d` labels it is read as JSON, as llama.cpp's server reads it
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    for label in ("application/x-www-form-urlencoded", "text/plain; charset=utf-8"):
+        r = client.simulate_post("/v1/chat/completions", body=body, headers={"Content-Type": label})
+        assert r.status_code == 200, r.text
+    envelope(client.simulate_post("/v1/chat/completions", body=b"{oops", headers={"Content-Type": "text/plain"}),
+             415, "unsupported_media_type")
+    envelope(client.simulate_post("/v1/chat/completions", body=body, headers={"Content-Type": "application/xml"}),
+             415, "unsupported_media_type")
 
 
 def test_token_prompt_outside_the_vocabulary(fake, client):
