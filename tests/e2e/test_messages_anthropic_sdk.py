@@ -65,6 +65,11 @@ def test_create_returns_a_valid_message(client, server):
     raw = post(server, {"model": "x", "max_tokens": 12, "messages": HELLO, **GREEDY})
     assert raw.status_code == 200 and raw.headers["content-type"].startswith("application/json")
     Message.model_validate(raw.json())
+    # Anthropic's request-id header, which the SDK exposes
+    assert m._request_id and raw.headers["request-id"] == raw.headers["x-request-id"]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="m", max_tokens=0, messages=HELLO)
+    assert e.value.request_id
 
 
 def test_stream_events_validate_and_fold_to_the_non_streamed_message(client, server):
