@@ -120,9 +120,12 @@ def timings(*stats: GenerationStats) -> dict[str, Any]:
         "cache_n": sum(s.cached_tokens for s in stats),
         "prompt_n": prompt_n,
         "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n > 0 else None,
         "prompt_per_second": round(prompt_n * 1000 / prompt_ms, 2) if prompt_ms > 0 else None,
         "predicted_n": predicted_n,
         "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / (predicted_n - 1), 3)
+        if predicted_ms > 0 and predicted_n > 1 else None,
         # the first token comes from the prompt's forward call; decode time covers the rest
         "predicted_per_second": round((predicted_n - 1) * 1000 / predicted_ms, 2)
         if predicted_ms > 0 and predicted_n > 1 else None,

@@ -124,3 +124,6 @@ def test_timings_and_cached_tokens(server):
     t = second["timings"]
     assert t["cache_n"] == cached and t["prompt_n"] == 1
     assert t["predicted_n"] == second["usage"]["completion_tokens"] and t["predicted_ms"] > 0
+    # llama.cpp's per-token figures beside its per-second ones
+    assert t["prompt_per_token_ms"] == round(t["prompt_ms"] / t["prompt_n"], 3)
+    assert abs(t["predicted_per_token_ms"] * t["predicted_per_second"] - 1000) < 5
