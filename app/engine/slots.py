@@ -44,6 +44,8 @@ class Slot:
         return {
             "id": self.index,
             "state": "busy" if self.busy else "idle",
+            "is_processing": self.busy,  # llama.cpp's name for it, and its -1 for no task
+            "id_task": self.request if self.busy and self.request is not None else -1,
             "task": self.task or None,
             "request": self.request,
             "session": self.owner,

@@ -199,6 +199,7 @@ def test_429_only_when_every_slot_is_busy_and_the_queue_is_full(make_server):
         assert health["slots"] == {**health["slots"], "total": 2, "busy": 2}
         slots = requests.get(srv.base_url + "/slots", timeout=30).json()
         assert [s["state"] for s in slots] == ["busy", "busy"] and all(s["task"] == "decode" for s in slots)
+        assert all(s["is_processing"] is True and s["id_task"] >= 0 for s in slots)  # llama.cpp's fields
         assert all(s["n_ctx_used"] > 0 and s["n_ctx"] > s["n_ctx_used"] for s in slots)
         results = {}
         waiter = threading.Thread(target=lambda: results.setdefault("w", requests.post(url, timeout=300, json={
@@ -231,6 +232,7 @@ def test_a_slot_keeps_its_conversation_for_the_next_turn(make_server):
                 assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1, usage
     slots = requests.get(srv.base_url + "/slots", timeout=30).json()
     assert sorted(s["n_ctx_used"] > 0 for s in slots) == [True, True]
+    assert all(s["is_processing"] is False and s["id_task"] == -1 for s in slots)
 
 
 def _progress(srv, content: str) -> list[int]:
