@@ -90,6 +90,7 @@ class GenerationRequest:
     report_progress: bool = False  # also yield PromptProgress events while the prompt is read
     keep: int | None = None  # context shift: tokens at the start never dropped (e.g. the system
     #                          prompt's); the engine's own --keep, when set, wins
+    reuse_prefix: bool = True  # False (llama.cpp's cache_prompt: false): the whole prompt is computed
 
 
 @dataclass(frozen=True)
@@ -462,9 +463,10 @@ class Engine:
         saved state, or a longer shared prefix another slot holds); returns the prompt tokens
         it already holds."""
         prompt = request.prompt
-        slot.tokens = self.sessions.switch(slot, prompt, request.session_id, self.prefix_reuse)
-        pos = self._reusable_prefix(slot.tokens, prompt)
-        if self.prefix_reuse and len(self.slot_table) > 1:
+        reuse = self.prefix_reuse and request.reuse_prefix
+        slot.tokens = self.sessions.switch(slot, prompt, request.session_id, reuse)
+        pos = self._reusable_prefix(slot.tokens, prompt) if reuse else 0
+        if reuse and len(self.slot_table) > 1:
             limit = len(prompt) - 1
             donor, n = None, pos
             for other in self.slots:

@@ -16,6 +16,7 @@ names, defaults and meanings.
 - `return_tokens`: the generated token ids in `tokens` (a stream always sends them).
 - Sampling defaults are llama.cpp's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05);
   `seed` -1 (or 4294967295, its "default seed") is a fresh random seed.
+- `cache_prompt: false`: nothing of the prompt is reused from a cache; all of it is computed.
 
 Knobs of llama.cpp's slot and cache machinery that cannot change what the user gets are
 accepted and ignored (IGNORED). Samplers this server does not have are accepted at their
@@ -34,9 +35,9 @@ from app.http.sessions import parse_session_id
 
 MAX_N_CMPL = 8
 MAX_RESPONSE_FIELDS = 64
-# this server has one slot and always keeps its prompt cache; the prompt's time limit is not
-# enforced by llama.cpp either; these change nothing the user gets
-IGNORED = ("cache_prompt", "t_max_prompt_ms", "id_slot", "n_keep", "n_cache_reuse", "timings_per_token",
+# the slot is the scheduler's choice and the cache's reuse its own; the prompt's time limit is
+# not enforced by llama.cpp either; these change nothing the user gets
+IGNORED = ("t_max_prompt_ms", "id_slot", "n_keep", "n_cache_reuse", "timings_per_token",
            "return_progress", "repeat_last_n", "penalize_nl", "min_keep", "user", "dry_sequence_breakers",
            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "mirostat_tau", "mirostat_eta", "xtc_threshold",
            "dynatemp_exponent", "post_sampling_probs")
@@ -83,6 +84,7 @@ class LlamaParams:
     response_fields: tuple[str, ...]
     samplers: tuple[str, ...] | None
     session_id: str | None
+    cache_prompt: bool = True  # false: the whole prompt computed, nothing reused
 
 
 def parse_llama_params(f: Fields) -> LlamaParams:
@@ -121,6 +123,7 @@ def parse_llama_params(f: Fields) -> LlamaParams:
         response_fields=_response_fields(f.raw("response_fields")),
         samplers=samplers,
         session_id=parse_session_id(f.raw("session_id")),
+        cache_prompt=f.boolean("cache_prompt", True),
     )
 
 

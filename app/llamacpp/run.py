@@ -44,8 +44,9 @@ def plan(model: ServedModel, tokens: list[int], llama: LlamaParams, *, param: st
     ends such a generation at the context's end, it does not refuse it); -1: all that room;
     0: one token, which the caller does not keep (the prompt is read into the cache)."""
     wanted = 1 if llama.n_predict == 0 else llama.params.max_tokens
-    return plan_generation(model, tokens, replace(llama.params, max_tokens=None), param=param,
-                           default_max_tokens=wanted, session_id=session_id)
+    request = plan_generation(model, tokens, replace(llama.params, max_tokens=None), param=param,
+                              default_max_tokens=wanted, session_id=session_id)
+    return request if llama.cache_prompt else replace(request, reuse_prefix=False)
 
 
 class _Deadline:

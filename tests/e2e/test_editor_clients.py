@@ -88,6 +88,11 @@ def test_completion_n_predict_0_then_the_same_prompt_is_cached(qwen_server):
     assert r["tokens_predicted"] == 4 == len(r["tokens"])
     detok = post(qwen_server, "/detokenize", {"tokens": r["tokens"]}).json()
     assert detok["content"] == r["content"]
+    # llama.cpp's cache_prompt false: the same prompt computed again from its first token
+    fresh = post(qwen_server, "/completion", {"prompt": prompt, "n_predict": 4, "temperature": 0,
+                                              "cache_prompt": False}).json()
+    assert fresh["tokens_cached"] == 0 == fresh["timings"]["cache_n"]
+    assert fresh["timings"]["prompt_n"] == w["tokens_evaluated"]
 
 
 def test_completion_prompt_forms_n_cmpl_and_response_fields(qwen_server):
