@@ -73,6 +73,35 @@ def test_create_matches_chat_and_validates(client, server):
     assert 0 <= r.usage.input_tokens_details.cached_tokens < r.usage.input_tokens
 
 
+def test_output_text_logprobs_when_included(client, server):
+    """include ["message.output_text.logprobs"] and top_logprobs: the output_text part carries
+    its tokens' logprobs (their bytes are its text, as chat's logprobs are), with the alternatives
+    asked for; a stream's text deltas carry the same entries between them; without the include,
+    none."""
+    body = dict(model=MODEL, input=QUESTION, max_output_tokens=12, temperature=0,
+                include=["message.output_text.logprobs"], top_logprobs=2)
+    r = client.responses.create(**body)
+    Response.model_validate(r.model_dump(mode="json", exclude_unset=True))
+    part = r.output[0].content[0]
+    assert part.logprobs and bytes(b for lp in part.logprobs for b in lp.bytes).decode() == part.text
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    assert r.top_logprobs == 2
+    chat = requests.post(server.base_url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 12, "temperature": 0,
+        "logprobs": True, "top_logprobs": 2}).json()["choices"][0]["logprobs"]["content"]
+    assert [lp.token for lp in part.logprobs] == [c["token"] for c in chat]
+    events = raw_events(server, {k: v for k, v in body.items() if k != "model"})
+    check_sequence(events)
+    streamed = [lp for _, d in events if d["type"] == "response.output_text.delta" for lp in d["logprobs"]]
+    assert [lp["token"] for lp in streamed] == [lp.token for lp in part.logprobs]
+    done = next(d for _, d in events if d["type"] == "response.output_text.done")
+    assert [lp["token"] for lp in done["logprobs"]] == [lp.token for lp in part.logprobs]
+    plain = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=4, temperature=0)
+    assert plain.output[0].content[0].logprobs == []
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input=QUESTION, top_logprobs=21)
+
+
 def test_max_output_tokens_gives_incomplete(client):
     r = client.responses.create(model=MODEL, input="Count from one to fifty in words.", max_output_tokens=3, temperature=0)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"

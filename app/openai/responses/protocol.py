@@ -32,7 +32,7 @@ BOOKKEEPING = ("metadata", "client_metadata", "user", "service_tier", "truncatio
                "safety_identifier", "prompt_cache_retention")
 # Known Responses parameters this server does not implement: refused by name unless
 # absent or at their "off" value.
-NOT_SUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs",
+NOT_SUPPORTED = ("background", "conversation", "prompt", "max_tool_calls",
                  "context_management", "stream_options", "moderation", "image", "access_programs",
                  "background_options", "prompt_cache_options")
 # Tool types etserve cannot run: accepted (clients such as Codex always send some) and left
@@ -65,6 +65,8 @@ class ResponsesRequest:
     echo_tool_choice: Any
     session_id: str | None = None  # prompt_cache_key, else a session header
     tool_refs: dict[str, "ToolRef"] = field(default_factory=dict)  # prompt name -> the client's tool
+    logprobs: bool = False  # include "message.output_text.logprobs" (or top_logprobs asked for)
+    top_logprobs: int = 0  # alternatives with each token's logprob (0-20)
     owner: str | None = None  # the client (app/auth.py) whose stored responses this request may read
 
 
@@ -114,6 +116,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     include = f.array("include") or []
     if not all(isinstance(x, str) for x in include):
         raise invalid_value("include", "'include' must be an array of strings")
+    top_logprobs = f.integer("top_logprobs", 0, lo=0, hi=20)
+    logprobs = "message.output_text.logprobs" in include or top_logprobs > 0
     for name in BOOKKEEPING:
         f.raw(name)
     _refuse_unknown(f)
@@ -125,7 +129,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         previous_response_id=previous_response_id, metadata=metadata, prompt_cache_key=prompt_cache_key,
         user=user, service_tier=service_tier, truncation=truncation, echo_tools=echo_tools,
         echo_tool_choice=raw_choice if raw_choice is not None else "auto", session_id=prompt_cache_key,
-        tool_refs=tool_refs,
+        tool_refs=tool_refs, logprobs=logprobs, top_logprobs=top_logprobs,
     )
 
 

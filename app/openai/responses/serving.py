@@ -24,6 +24,7 @@ from app.http.sessions import scoped
 from app.http.sse import Named
 from app.output import ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
 
+from ..logprobs import logprobs_content
 from . import shapes
 from .protocol import ResponsesRequest, ToolRef, items_to_messages, prompt_names
 from .store import ResponseStore, StoredResponse
@@ -83,8 +84,8 @@ class Responses:
             model=request.model, messages=_with_instructions(request.instructions, history), params=request.params,
             stream=request.stream, include_usage=False, tools=request.tools,
             parallel_tool_calls=request.parallel_tool_calls, tool_choice=request.tool_choice,
-            forced_tool=request.forced_tool, response_format=request.response_format, logprobs=False,
-            top_logprobs=0, n=1, template_kwargs={}, session_id=session_id)
+            forced_tool=request.forced_tool, response_format=request.response_format, logprobs=request.logprobs,
+            top_logprobs=request.top_logprobs, n=1, template_kwargs={}, session_id=session_id)
         try:
             chat = self.chat.prepare(chat_request)
         except APIError as e:
@@ -129,10 +130,16 @@ class Responses:
         yield numbered(shapes.lifecycle("created", started))
         yield numbered(shapes.lifecycle("in_progress", started))
         writer = OutputWriter(prepared.request.tool_refs)
+        model = self.chat.model
         try:
             pipeline = self.chat.pipeline(prepared.chat, 0, cancel)
+            reported = 0  # token events whose logprobs went out already
             for delta in pipeline:
-                for event in writer.push(delta):
+                logprobs = None
+                if prepared.request.logprobs:  # a text delta carries the tokens since the last delta
+                    logprobs = logprobs_content(model.tokenizer, pipeline.events[reported:], model.stop_token_ids)
+                    reported = len(pipeline.events)
+                for event in writer.push(delta, logprobs):
                     yield numbered(event)
             if pipeline.cancelled:
                 return
@@ -191,21 +198,26 @@ class OutputWriter:
         self._text = ""  # its text or arguments so far
         self._pending_space = ""  # whitespace not yet placed: it opens no message by itself
         self._calls: dict[int, int] = {}  # the pipeline's tool call index -> output index
+        self._logprobs: list[dict[str, Any]] = []  # the open message's tokens' logprobs, if asked for
+        self._pending_logprobs: list[dict[str, Any]] = []  # those of _pending_space
 
     def reasoning_text(self) -> str:
         return "\n".join(p["text"] for item in self.output if item["type"] == "reasoning" for p in item["summary"])
 
-    def push(self, delta: Delta) -> list[dict[str, Any]]:
+    def push(self, delta: Delta, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The events of `delta`; `logprobs` (when asked for): its tokens', which a text delta carries."""
         if isinstance(delta, ReasoningDelta):
             return self._append("reasoning", delta.text)
         if isinstance(delta, ContentDelta):
             if (self._open is None or self._open["type"] != "message") and not delta.text.strip():
                 self._pending_space += delta.text
+                self._pending_logprobs += logprobs or []
                 return []
             text, self._pending_space = self._pending_space + delta.text, ""
-            return self._append("message", text)
+            logprobs, self._pending_logprobs = self._pending_logprobs + (logprobs or []), []
+            return self._append("message", text, logprobs)
         if isinstance(delta, ToolCallStart):
-            self._pending_space = ""
+            self._pending_space, self._pending_logprobs = "", []
             events = self._close("completed")
             ref = self.tool_refs.get(delta.name)
             if ref is not None and ref.kind == "custom":
@@ -233,11 +245,11 @@ class OutputWriter:
     def finish(self, status: str) -> list[dict[str, Any]]:
         """Close the open item (`status`: completed, or incomplete when the output was cut);
         an output with no item at all still gets its (empty) message."""
-        events = self._append("message", self._pending_space) if not self.output else []
-        self._pending_space = ""
+        events = self._append("message", self._pending_space, self._pending_logprobs) if not self.output else []
+        self._pending_space, self._pending_logprobs = "", []
         return events + self._close(status)
 
-    def _append(self, kind: str, text: str) -> list[dict[str, Any]]:
+    def _append(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         events = []
         if self._open is None or self._open["type"] != kind:
             events += self._close("completed")
@@ -253,8 +265,9 @@ class OutputWriter:
         item, index = self._open, len(self.output) - 1
         self._text += text
         if kind == "message":
-            item["content"] = [shapes.text_part(self._text)]
-            events.append(shapes.text_delta(item["id"], index, text))
+            self._logprobs += logprobs or []
+            item["content"] = [shapes.text_part(self._text, self._logprobs)]
+            events.append(shapes.text_delta(item["id"], index, text, logprobs))
         else:
             item["summary"] = [shapes.summary_part(self._text)]
             events.append(shapes.summary_delta(item["id"], index, text))
@@ -262,18 +275,19 @@ class OutputWriter:
 
     def _start(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self.output.append(item)
-        self._open, self._text = item, ""
+        self._open, self._text, self._logprobs = item, "", []
         return [shapes.item_added(len(self.output) - 1, dict(item, **_copies(item)))]
 
     def _close(self, status: str) -> list[dict[str, Any]]:
         item = self._open
         if item is None:
             return []
-        index, text = len(self.output) - 1, self._text
-        self._open, self._text = None, ""
+        index, text, logprobs = len(self.output) - 1, self._text, self._logprobs
+        self._open, self._text, self._logprobs = None, "", []
         item["status"] = status
         if item["type"] == "message":
-            events = [shapes.text_done(item["id"], index, text), shapes.content_part("done", item["id"], index, text)]
+            events = [shapes.text_done(item["id"], index, text, logprobs),
+                      shapes.content_part("done", item["id"], index, text, logprobs)]
         elif item["type"] == "reasoning":
             events = [shapes.summary_done(item["id"], index, text),
                       shapes.summary_part_event("done", item["id"], index, text)]

@@ -40,6 +40,7 @@ def response(*, id: str, created_at: int, model: str, status: str, output: list[
         "text": request.text,
         "tool_choice": request.echo_tool_choice,
         "tools": request.echo_tools,
+        "top_logprobs": request.top_logprobs,
         "top_p": request.params.sampling.top_p,
         "truncation": request.truncation,
         "usage": usage,
@@ -72,8 +73,8 @@ def error(code: str, message: str) -> dict[str, Any]:
 
 # ---- output items ----------------------------------------------------------------------------
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs or [])}
 
 
 def message_item(id: str, status: str, text: str | None) -> dict[str, Any]:
@@ -120,20 +121,24 @@ def item_done(output_index: int, item: dict[str, Any]) -> dict[str, Any]:
     return {"type": "response.output_item.done", "output_index": output_index, "item": item}
 
 
-def content_part(kind: str, item_id: str, output_index: int, text: str) -> dict[str, Any]:
+def content_part(kind: str, item_id: str, output_index: int, text: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """response.content_part.added / done (the message's one output_text part)."""
     return {"type": f"response.content_part.{kind}", "item_id": item_id, "output_index": output_index,
-            "content_index": 0, "part": text_part(text)}
+            "content_index": 0, "part": text_part(text, logprobs)}
 
 
-def text_delta(item_id: str, output_index: int, delta: str) -> dict[str, Any]:
+def text_delta(item_id: str, output_index: int, delta: str,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`logprobs`: the tokens whose text this delta first carries (include message.output_text.logprobs)."""
     return {"type": "response.output_text.delta", "item_id": item_id, "output_index": output_index,
-            "content_index": 0, "delta": delta, "logprobs": []}
+            "content_index": 0, "delta": delta, "logprobs": list(logprobs or [])}
 
 
-def text_done(item_id: str, output_index: int, text: str) -> dict[str, Any]:
+def text_done(item_id: str, output_index: int, text: str,
+              logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "response.output_text.done", "item_id": item_id, "output_index": output_index,
-            "content_index": 0, "text": text, "logprobs": []}
+            "content_index": 0, "text": text, "logprobs": list(logprobs or [])}
 
 
 def summary_part_event(kind: str, item_id: str, output_index: int, text: str) -> dict[str, Any]:
