@@ -50,6 +50,13 @@ def _charset(params: str) -> str | None:
 _MISLABELLED = ("application/x-www-form-urlencoded", "text/plain")
 
 
+def read_as_json(content_type: str | None) -> bool:
+    """Whether read_json reads a body of this Content-Type (None: none sent) rather than refusing
+    it: JSON, or JSON mislabelled as curl -d labels it."""
+    ctype = (content_type or "application/json").split(";")[0].strip().lower()
+    return ctype == "application/json" or ctype.endswith("+json") or ctype in _MISLABELLED
+
+
 def read_json(req: falcon.Request, max_bytes: int) -> Any:
     ctype, _, params = (req.content_type or "application/json").partition(";")
     ctype = ctype.strip().lower()

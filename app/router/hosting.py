@@ -23,7 +23,7 @@ import falcon
 from app.anthropic import routes as anthropic_routes
 from app.auth import RequireApiKey
 from app.http import errors
-from app.http.body import read_json, read_model_name
+from app.http.body import read_as_json, read_json, read_model_name
 from app.http.errors import APIError, model_not_found
 from app.models.manifest import read_manifest
 from app.openai import errors as openai_errors
@@ -268,10 +268,8 @@ class Router:
         """The model the request names: `model` in its JSON body (read here, then given back to the
         model's app as it came), else `?model=`; None for none. APIError for a body read_json
         refuses (too large, not JSON), in the route's own shape."""
-        ctype = (environ.get("CONTENT_TYPE") or "application/json").split(";")[0].strip().lower()
         record = None
-        if environ.get("REQUEST_METHOD") in ("POST", "PUT", "PATCH") and (
-                ctype == "application/json" or ctype.endswith("+json")):
+        if environ.get("REQUEST_METHOD") in ("POST", "PUT", "PATCH") and read_as_json(environ.get("CONTENT_TYPE")):
             record = environ["wsgi.input"] = _Recording(environ["wsgi.input"])
         req = falcon.Request(environ)
         name = req.get_param("model") or None

@@ -102,6 +102,13 @@ def test_output_text_logprobs_when_included(client, server):
         client.responses.create(model=MODEL, input=QUESTION, top_logprobs=21)
 
 
+def test_top_p_0_is_the_best_token(client):
+    """OpenAI's range is 0-1: top_p 0 keeps the best token only, whatever the temperature."""
+    greedy = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
+    r = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=1.5, top_p=0)
+    assert r.output_text == greedy.output_text and r.top_p == 0
+
+
 def test_max_output_tokens_gives_incomplete(client):
     r = client.responses.create(model=MODEL, input="Count from one to fifty in words.", max_output_tokens=3, temperature=0)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"

@@ -97,6 +97,11 @@ def test_unknown_models_and_bad_bodies_get_each_apis_error(router):
                       json={"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404 and r.json()["type"] == "error"
     assert r.json()["error"]["type"] == "not_found_error"
+    # a JSON body labelled as `curl -d` labels it names its model too (the model's app reads it as JSON)
+    for label in ("application/x-www-form-urlencoded", "text/plain"):
+        r = requests.post(router.base_url + "/v1/completions", timeout=10, headers={"Content-Type": label},
+                          data=json.dumps({"model": "nope", "prompt": "hi", "max_tokens": 1}))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
     r = requests.post(router.base_url + "/v1/chat/completions", data=b'{"model":',
                       headers={"Content-Type": "application/json"}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"

@@ -92,7 +92,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     messages = input_messages(f.raw("input"), prompt_names(tool_refs))
     max_output_tokens = f.integer("max_output_tokens", None, lo=1)
     sampling = SamplingParams(temperature=f.number("temperature", 1.0, lo=0.0, hi=2.0),
-                              top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0, lo_open=True))
+                              top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0))
     params = GenerationParams(sampling=sampling, max_tokens=max_output_tokens, stop=())
     stream = f.boolean("stream", False)
     raw_choice = f.raw("tool_choice")
