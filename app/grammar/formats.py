@@ -9,48 +9,128 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .compiler import GrammarError
+
 # JSON as models write it (and Python's json.dumps): ", " and ": ", no free whitespace,
 # which small models would otherwise fill with newlines until max_tokens.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-# Keywords whose values are schemas, one or a list or a map of them.
-_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
-_LIST = ("prefixItems", "anyOf", "oneOf")
-_MAP = ("properties", "$defs", "definitions", "dependentSchemas")
+# Keywords whose values are schemas of other values (an item, a property's value): closing an
+# object there means what it says.
+_OTHERS_ONE = ("items", "additionalItems", "contains")
+_OTHERS_LIST = ("prefixItems",)
+_OTHERS_MAP = ("properties",)
+# Keywords whose schemas apply to the same value as their parent: parts of one object's shape.
+_SAME_ONE = ("then", "else")
+_SAME_LIST = ("anyOf", "oneOf")
+_SAME_MAP = ("dependentSchemas",)
+_DEFS = ("$defs", "definitions")
 _OPENED_BY = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_MAX_DEPTH = 64
 
 
-def closed_objects(schema: Any, depth: int = 0) -> Any:
+def _is_mixin_parent(schema: dict[str, Any]) -> bool:
+    """A schema whose same-value parts (anyOf branches, then/else, a $ref) add to its own shape."""
+    return "properties" in schema or "required" in schema
+
+
+def _mixin_refs(schema: Any, found: set[str], depth: int = 0, mixin: bool = False) -> set[str]:
+    """The `$ref`s whose targets are parts of another object's shape (under allOf, beside a
+    parent's properties, in then/else): those targets must stay open."""
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return found
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (mixin or _is_mixin_parent(schema)):
+        found.add(ref)
+    parent = _is_mixin_parent(schema)
+    for k in _OTHERS_ONE + ("not", "if", "additionalProperties"):
+        _mixin_refs(schema.get(k), found, depth + 1)
+    for k in _OTHERS_LIST:
+        for sub in schema.get(k) if isinstance(schema.get(k), list) else ():
+            _mixin_refs(sub, found, depth + 1)
+    for k in _OTHERS_MAP + _DEFS:
+        for sub in schema.get(k).values() if isinstance(schema.get(k), dict) else ():
+            _mixin_refs(sub, found, depth + 1)
+    for sub in schema.get("allOf") if isinstance(schema.get("allOf"), list) else ():
+        _mixin_refs(sub, found, depth + 1, mixin=True)
+    for k in _SAME_ONE:
+        _mixin_refs(schema.get(k), found, depth + 1, mixin=True)
+    for k in _SAME_LIST:
+        for sub in schema.get(k) if isinstance(schema.get(k), list) else ():
+            _mixin_refs(sub, found, depth + 1, mixin=parent)
+    for k in _SAME_MAP:
+        for sub in schema.get(k).values() if isinstance(schema.get(k), dict) else ():
+            _mixin_refs(sub, found, depth + 1, mixin=True)
+    return found
+
+
+def closed_objects(schema: Any) -> Any:
     """`schema` with every object that lists its `properties` and says nothing of others closed
     to them (`additionalProperties: false`), as llama.cpp's grammar converter and OpenAI's strict
     mode do: constrained output never invents a key (a 0.5B model, free to, wrote
     `{"city": "Paris", "required": ["city"]}` as a call's arguments, which `fn(**args)` refuses).
-    Left as they are: objects under `allOf` or beside a `$ref` (closing one part of an
-    intersection would refuse the other part's keys), and anything that opens itself."""
-    if not isinstance(schema, dict) or depth > 64:
+
+    Left open, so that no valid schema becomes unsatisfiable: an object that is only a part of
+    another's shape (under `allOf`, an `anyOf`/`oneOf` branch or `then`/`else` of an object that
+    lists properties itself, a `$defs` target used so, one with a `$ref` or same-value parts
+    beside its properties); one requiring a key it does not list; one with a `const` or `enum`;
+    anything under `not` or `if`; anything that opens itself."""
+    return _close(schema, _mixin_refs(schema, set()), 0, False)
+
+
+def _close(schema: Any, open_refs: set[str], depth: int, part: bool) -> Any:
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return schema
     out = dict(schema)
-    for k in _ONE:
+    parent = _is_mixin_parent(schema)
+    for k in _OTHERS_ONE:
         if k in out:
-            out[k] = closed_objects(out[k], depth + 1)
-    for k in _LIST:
-        if isinstance(out.get(k), list):
-            out[k] = [closed_objects(s, depth + 1) for s in out[k]]
-    for k in _MAP:
-        if isinstance(out.get(k), dict):
-            out[k] = {n: closed_objects(s, depth + 1) for n, s in out[k].items()}
+            out[k] = _close(out[k], open_refs, depth + 1, False)
     if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = closed_objects(out["additionalProperties"], depth + 1)
-    if (isinstance(out.get("properties"), dict) and not any(k in out for k in _OPENED_BY)
-            and "allOf" not in out and "$ref" not in out):
+        out["additionalProperties"] = _close(out["additionalProperties"], open_refs, depth + 1, False)
+    for k in _OTHERS_LIST:
+        if isinstance(out.get(k), list):
+            out[k] = [_close(x, open_refs, depth + 1, False) for x in out[k]]
+    for k in _OTHERS_MAP:
+        if isinstance(out.get(k), dict):
+            out[k] = {n: _close(x, open_refs, depth + 1, False) for n, x in out[k].items()}
+    for k in _DEFS:
+        if isinstance(out.get(k), dict):
+            out[k] = {n: _close(x, open_refs, depth + 1, f"#/{k}/{n}" in open_refs) for n, x in out[k].items()}
+    for k in _SAME_ONE:
+        if k in out:
+            out[k] = _close(out[k], open_refs, depth + 1, True)
+    for k in _SAME_LIST:
+        if isinstance(out.get(k), list):
+            out[k] = [_close(x, open_refs, depth + 1, parent) for x in out[k]]
+    for k in _SAME_MAP:
+        if isinstance(out.get(k), dict):
+            out[k] = {n: _close(x, open_refs, depth + 1, True) for n, x in out[k].items()}
+    props = out.get("properties")
+    required = out.get("required") if isinstance(out.get("required"), list) else []
+    if (isinstance(props, dict) and not part and all(r in props for r in required)
+            and not any(k in out for k in _OPENED_BY + ("allOf", "$ref", "const", "enum") + _SAME_ONE + _SAME_MAP)
+            and not (any(k in out for k in _SAME_LIST) and parent and _branches_add(out))):
         out["additionalProperties"] = False
     return out
 
 
+def _branches_add(schema: dict[str, Any]) -> bool:
+    """Whether an anyOf/oneOf branch of `schema` lists or requires keys of its own (then the
+    parent closed would refuse them)."""
+    return any(isinstance(b, dict) and (_is_mixin_parent(b) or "$ref" in b)
+               for k in _SAME_LIST for b in (schema.get(k) if isinstance(schema.get(k), list) else ()))
+
+
 def json_rule(schema: dict[str, Any]) -> str:
+    """A %json rule for `schema`, written in JSON_STYLE unless its own `x-guidance` (llguidance's
+    options) says otherwise. GrammarError for an `x-guidance` that is no object."""
+    own = schema.get("x-guidance")
+    if own is not None and not isinstance(own, dict):
+        raise GrammarError("'x-guidance' must be an object of llguidance's JSON options")
     styled = closed_objects(schema)
-    styled["x-guidance"] = {**JSON_STYLE, **(schema.get("x-guidance") or {})}
+    styled["x-guidance"] = {**JSON_STYLE, **(own or {})}
     return "%json " + json.dumps(styled, ensure_ascii=False)
 
 

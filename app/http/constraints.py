@@ -11,7 +11,7 @@ response_format.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from app.grammar import Grammar, GrammarCompiler, GrammarError, json_grammar, output_grammar
 from app.tools import hermes
@@ -30,17 +30,17 @@ def output_constraint(request: ChatRequest, compiler: GrammarCompiler) -> Gramma
     if tools and request.tool_choice in ("required", "function"):
         if request.forced_tool is not None:
             chosen = [t for t in tools if t["function"]["name"] == request.forced_tool]
-            alternatives.append(_checked(compiler, _calls(compiler, chosen, parallel=False), "tool_choice"))
+            alternatives.append(_checked(compiler, lambda: _calls(compiler, chosen, parallel=False), "tool_choice"))
         else:
             parallel = request.parallel_tool_calls
-            alternatives.append(_checked(compiler, _calls(compiler, tools, parallel=parallel), "tools"))
+            alternatives.append(_checked(compiler, lambda: _calls(compiler, tools, parallel=parallel), "tools"))
     elif request.response_format is not None:
         if tools:
             parallel = request.parallel_tool_calls
-            alternatives.append(_checked(compiler, _calls(compiler, tools, parallel=parallel), "tools"))
+            alternatives.append(_checked(compiler, lambda: _calls(compiler, tools, parallel=parallel), "tools"))
         schema_param = "response_format" if request.response_format.schema is None \
             else "response_format.json_schema.schema"
-        alternatives.append(_checked(compiler, json_grammar(request.response_format.schema), schema_param))
+        alternatives.append(_checked(compiler, lambda: json_grammar(request.response_format.schema), schema_param))
     if not alternatives:
         return None
     return _compile(compiler, output_grammar(*alternatives), "response_format")
@@ -51,8 +51,13 @@ def _calls(compiler: GrammarCompiler, tools: list[dict[str, Any]], *, parallel: 
                           close_tag=compiler.literal(hermes.CLOSE))
 
 
-def _checked(compiler: GrammarCompiler, rules: dict[str, str], param: str) -> dict[str, str]:
-    """`rules` after compiling them alone, so an error names the parameter it came from."""
+def _checked(compiler: GrammarCompiler, build: Callable[[], dict[str, str]], param: str) -> dict[str, str]:
+    """The rules `build` writes, after compiling them alone, so an error (in writing them or in
+    compiling them) names the parameter it came from."""
+    try:
+        rules = build()
+    except GrammarError as e:
+        raise invalid_value(param, f"'{param}' cannot be enforced: {e}") from None
     _compile(compiler, output_grammar(rules), param)
     return rules
 

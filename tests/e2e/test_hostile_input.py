@@ -29,7 +29,10 @@ FIELDS = {
     "tools": ["x", [1], [{"type": "function"}], [{"type": "other", "function": {"name": "f"}}]],
     "tool_choice": ["required", {"type": "function", "function": {"name": "f"}}, 3, "sometimes"],
     "response_format": [{"type": "xml"}, "json", {"type": "json_schema"}, {"type": "json_schema", "json_schema": []},
-                        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "if": {}}}}],
+                        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "if": {}}}},
+                        # llguidance's options that are no object (a 500 once)
+                        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "x-guidance": "abc"}}},
+                        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "x-guidance": [1]}}}],
     "model": [5, ["a"], {"name": "x"}],  # any string is served (single-model server)
     "chat_template_kwargs": ["x", [1]],
     "unknown_field": [1],

@@ -98,3 +98,47 @@ def test_any_json_object(compiler, tokenizer):
 def test_schema_features_that_cannot_be_enforced_are_errors(compiler, schema, named):
     with pytest.raises(GrammarError, match=named):
         compiler.compile(output_grammar(json_grammar(schema)))
+
+
+# Valid schemas that closing every object with properties would make unsatisfiable (a key only
+# a branch, a $defs part or a const holds), each with an instance it must still allow.
+MIXINS = [
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}, {"b": 1}),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+      "anyOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, {"a": "x", "b": 2}),
+    ({"$defs": {"base": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}},
+      "allOf": [{"$ref": "#/$defs/base"}, {"type": "object", "properties": {"b": {"type": "integer"}},
+                                           "required": ["b"]}]}, {"a": "x", "b": 2}),
+    ({"const": {"a": 1, "b": 2}, "properties": {"a": {}}}, {"a": 1, "b": 2}),
+]
+
+
+@pytest.mark.parametrize("schema, instance", MIXINS)
+def test_closing_objects_keeps_every_valid_schema_satisfiable(compiler, tokenizer, schema, instance):
+    ok, _ = walk(compiler, tokenizer, output_grammar(json_grammar(schema)), json.dumps(instance))
+    assert ok
+
+
+def test_closed_objects_refuse_invented_keys_where_the_schema_is_a_plain_object(compiler, tokenizer):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    lark = output_grammar(json_grammar(schema))
+    assert walk(compiler, tokenizer, lark, '{"city": "Paris"}')[0]
+    assert not walk(compiler, tokenizer, lark, '{"city": "Paris", "required": ["city"]}')[0]
+
+
+def test_tool_parameters_with_defs_and_refs_are_enforced(compiler, tokenizer):
+    """pydantic writes nested models as $defs and #/$defs refs: they resolve inside a call."""
+    tool = {"type": "function", "function": {"name": "where", "parameters": {
+        "type": "object", "$defs": {"Loc": {"type": "object", "properties": {"city": {"type": "string"}},
+                                            "required": ["city"]}},
+        "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "required": ["loc"]}}}
+    lark = output_grammar(tool_calls_grammar([tool, TIME], parallel=False))
+    call = '<tool_call>\n{"name": "where", "arguments": {"loc": {"city": "Paris"}}}\n</tool_call>'
+    assert walk(compiler, tokenizer, lark, call)[0]
+    bad = '<tool_call>\n{"name": "where", "arguments": {"loc": {"town": "Paris"}}}\n</tool_call>'
+    assert not walk(compiler, tokenizer, lark, bad)[0]
+
+
+def test_an_x_guidance_that_is_no_object_is_a_grammar_error():
+    with pytest.raises(GrammarError):
+        json_grammar({"type": "object", "x-guidance": "abc"})

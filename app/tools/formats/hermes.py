@@ -96,13 +96,18 @@ def calls_as_text(calls: list[dict[str, Any]]) -> str:
         for c in calls)
 
 
+_DEFS = ("$defs", "definitions")
+
+
 def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """One call's JSON: the parameters' `$defs` (pydantic's nested models) lifted to this schema's
+    root, where their `#/$defs/...` references point once the parameters sit under `arguments`."""
+    arguments = dict(parameters) if isinstance(parameters, dict) else {"type": "object"}
+    defs = {k: arguments.pop(k) for k in _DEFS if k in arguments}
     return {
+        **defs,
         "type": "object",
-        "properties": {
-            "name": {"const": name},
-            "arguments": parameters if isinstance(parameters, dict) else {"type": "object"},
-        },
+        "properties": {"name": {"const": name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -115,10 +120,12 @@ def grammar(tools: list[dict[str, Any]], *, parallel: bool, open_tag: str = f'"{
     terminals: GrammarCompiler.literal(OPEN) gives the right one for a tokenizer (a token id where
     the tag is one token)."""
     schemas = [_call_schema(t["function"]["name"], t["function"].get("parameters")) for t in tools]
-    call = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    # one JSON document per tool, so that each tool's references resolve in its own schema
+    calls = {f"call_json_{i}": json_rule(schema) for i, schema in enumerate(schemas)}
     return {
         # A newline may follow the last call (models like one there), then only end-of-turn.
         "calls": ('call_block ("\\n" call_block)* "\\n"?' if parallel else 'call_block "\\n"?'),
         "call_block": f'{open_tag} "\\n" call_json "\\n" {close_tag}',
-        "call_json": json_rule(call),
+        "call_json": " | ".join(calls),
+        **calls,
     }
