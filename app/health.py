@@ -7,6 +7,7 @@ other route answers 503 with the same state.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Callable
 
 import falcon
@@ -17,6 +18,14 @@ from app.model_host import ServedModel
 from app.models.manifest import ManifestError
 
 log = logging.getLogger("etserve")
+
+
+_PATH = re.compile(r"(?:/[^/\s:'\"]+)+/([^/\s:'\"]+)")
+
+
+def _without_paths(message: str) -> str:
+    """A load error as a client may read it: each absolute path cut to its file's name."""
+    return _PATH.sub(r"\1", message)[:300]
 
 
 class ModelState:
@@ -37,7 +46,7 @@ class ModelState:
             log.error("model failed to load: %s", e)
             log.debug("model failed to load", exc_info=True)
             self.status, self.error = "failed", str(e)
-            self.public_error = e.public if isinstance(e, ManifestError) else None
+            self.public_error = e.public if isinstance(e, ManifestError) else _without_paths(str(e))
             return
         except Exception as e:  # the worker stays up and says why on /health
             log.exception("model failed to load")

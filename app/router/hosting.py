@@ -53,6 +53,7 @@ class Hosted:
     busy: int = 0  # requests in flight (the router's count: from hand-over to the response's close)
     last_used: float = 0.0
     error: str | None = None  # why its last load failed (no paths)
+    failed_files: tuple | None = None  # its files when that load failed: tried again once they change
     unloading: bool = False  # its runtime is being freed (once its last step has ended)
 
     @property
@@ -158,12 +159,15 @@ class Router:
                 hosted.busy += 1
                 hosted.last_used = self._clock()
                 return
-            if status == "failed" and hosted.state is not None:  # this attempt failed: say so once
+            if status == "failed" and hosted.state is not None:  # this attempt failed: say so
                 hosted.error = hosted.state.public_error or "the model failed to load; the server log says why"
                 hosted.app = hosted.state = None
-                raise APIError(503, f"the model '{hosted.name}' failed to load: {hosted.error}",
-                               code="model_failed", headers={"Retry-After": "5"})
-            if not hosted.changing:  # unloaded, or failed before: (try to) load it
+                hosted.failed_files = _files_of(hosted.directory)
+                raise self._failed(hosted)
+            if status == "failed" and hosted.failed_files == _files_of(hosted.directory):
+                # the same files fail the same way: no other model is unloaded to try them again
+                raise self._failed(hosted)
+            if not hosted.changing:  # unloaded, or failed before with other files: (try to) load it
                 plan = self._plan(hosted)
                 if plan:
                     for name in plan:
@@ -177,6 +181,11 @@ class Router:
                                    f"every loaded model is busy (--models-max {self.settings.models_max})",
                                    code="models_busy", headers={"Retry-After": "5"})
             self._sleep(POLL_S)
+
+    @staticmethod
+    def _failed(hosted: Hosted) -> APIError:
+        return APIError(503, f"the model '{hosted.name}' failed to load: {hosted.error}", code="model_failed",
+                        headers={"Retry-After": "5"})
 
     def release(self, hosted: Hosted) -> None:
         hosted.busy -= 1
@@ -340,6 +349,15 @@ class _Recording:
         line = self._stream.readline(size)
         self._chunks.append(line)
         return line
+
+
+def _files_of(directory: Path) -> tuple | None:
+    """The model directory's files as (name, size, mtime): what a fix of a broken model changes."""
+    try:
+        return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in directory.iterdir()
+                            if (st := p.stat()) and p.is_file()))
+    except OSError:
+        return None
 
 
 def _manifest_context(directory: Path) -> int | None:

@@ -202,8 +202,13 @@ def test_a_model_copied_in_later_is_offered_and_a_broken_one_fails_alone(router,
         r = complete(router, "broken")
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_failed"
         assert str(broken_model_dir) not in r.text  # no paths to the client
+        assert "model.pte" in r.json()["error"]["message"], r.text  # the cause, by the file's name
         assert statuses(router)["broken"] == "failed"
         assert complete(router, "smollm2").status_code == 200
+        # asked again, the same broken files are not tried again at the cost of the loaded model
+        r = complete(router, "broken")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_failed"
+        assert statuses(router)["smollm2"] == "loaded"
     finally:
         (models_dir / "broken").unlink()
     assert "broken" not in statuses(router)
