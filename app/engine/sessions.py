@@ -196,7 +196,12 @@ def _tokens_from(raw: bytes) -> tuple[int, ...]:
 
 
 class CorruptFile(ValueError):
-    pass
+    """A session file that cannot be used; `ours`: its header names this model build, so it is
+    one of ours damaged (deleted), not another build's file (left alone)."""
+
+    def __init__(self, message: str, ours: bool = False):
+        super().__init__(message)
+        self.ours = ours
 
 
 @dataclass
@@ -259,7 +264,11 @@ class DiskSessions:
                 st = path.stat()
             except (OSError, CorruptFile, ValueError, RecursionError, MemoryError) as e:
                 self.ignored += 1
-                self._warn("session file %s ignored: %s", path, e)
+                if isinstance(e, CorruptFile) and e.ours:  # this build's, damaged: of no use to anyone
+                    self._warn("session file %s deleted: %s", path, e)
+                    _unlink(path)
+                else:
+                    self._warn("session file %s ignored: %s", path, e)
                 continue
             self._entries[name] = DiskEntry(path, tokens, st.st_size, header.get("session_id"), st.st_mtime)
         self._evict_to(self.max_bytes)
@@ -285,18 +294,18 @@ class DiskSessions:
             if header.get("identity") != self.identity:
                 raise CorruptFile("written by another model build")
             if shape != self.shape:
-                raise CorruptFile(f"KV cache shape {shape}, this model's is {self.shape}")
+                raise CorruptFile(f"KV cache shape {shape}, this model's is {self.shape}", ours=True)
             if n <= 0 or data_bytes != n * shape[1]:
-                raise CorruptFile("damaged header")
+                raise CorruptFile("damaged header", ours=True)
             expected = len(DISK_MAGIC) + _U32.size + len(raw) + 4 * n + data_bytes
             if os.fstat(f.fileno()).st_size != expected:
-                raise CorruptFile("truncated or extended")
+                raise CorruptFile("truncated or extended", ours=True)
             token_raw = f.read(4 * n)
             if zlib.crc32(token_raw) != header.get("tokens_crc"):
-                raise CorruptFile("damaged tokens")
+                raise CorruptFile("damaged tokens", ours=True)
         session_id = header.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
-            raise CorruptFile("damaged header")
+            raise CorruptFile("damaged header", ours=True)
         return header, _tokens_from(token_raw)
 
     @property

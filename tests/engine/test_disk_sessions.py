@@ -101,6 +101,22 @@ def test_a_damaged_file_is_logged_and_ignored(model, served_model, cold, tmp_pat
     assert stats.cached_tokens == 0  # nothing usable: read from the start
 
 
+def test_a_truncated_file_of_this_build_is_deleted_at_start_up(model, served_model, tmp_path, caplog):
+    """docs/api.md: a damaged file of this build is deleted; one whose header cannot say whose it
+    is stays (ignored), as another build's does."""
+    first = Engine(model, session_dir=tmp_path, model_identity="test-build")
+    run(first, chat(served_model, "Reverse a list in Python."))
+    assert first.sessions.disk.flush(30)
+    (path,) = tmp_path.glob("*.kv")
+    path.write_bytes(path.read_bytes()[:-64])
+    (tmp_path / "short.kv").write_bytes(b"\x00" * 30)
+    with caplog.at_level(logging.WARNING, logger="etserve"):
+        second = restarted(model, tmp_path)
+    assert "truncated or extended" in caplog.text and "deleted" in caplog.text
+    assert not path.exists() and (tmp_path / "short.kv").exists()
+    assert len(second.sessions.disk) == 0
+
+
 def test_another_builds_files_are_not_restored(model, served_model, tmp_path, caplog):
     first = Engine(model, session_dir=tmp_path, model_identity="test-build")
     run(first, chat(served_model, "Reverse a list in Python."))
