@@ -733,11 +733,10 @@ class KvSessions:
         and listed even if their state was never saved."""
         # the sessions slots hold, most recently used first
         held = {s.owner: s for s in sorted(slots, key=lambda s: s.last_used, reverse=True) if s.owner is not None}
-        live = [{"id": owner, "tokens": len(slot.tokens), "bytes": 0, "live": True, "slot": slot.index}
-                for owner, slot in held.items() if owner not in self.cache]
-        out = []
-        for e in self.cache.entries():
-            slot = held.get(e.id)
-            out.append({"id": e.id, "tokens": e.tokens, "bytes": e.bytes, "live": slot is not None,
-                        "slot": slot.index if slot is not None else None})
-        return live + out
+        saved = {e.id: e for e in self.cache.entries()}
+        # a live session's tokens are its slot's (its saved copy may be turns behind); the saved
+        # size is that copy's
+        live = [{"id": owner, "tokens": len(slot.tokens), "bytes": saved[owner].bytes if owner in saved else 0,
+                 "live": True, "slot": slot.index} for owner, slot in held.items()]
+        return live + [{"id": e.id, "tokens": e.tokens, "bytes": e.bytes, "live": False, "slot": None}
+                       for e in saved.values() if e.id not in held]

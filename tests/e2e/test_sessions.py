@@ -55,6 +55,9 @@ def test_turn_two_after_another_session_reports_turn_one_as_cached(server):
     # each conversation kept its own sequence slot: b's state was never copied aside
     assert entries[b]["tokens"] > 0 and entries[b]["live"] and entries[a]["live"]
     assert entries[a]["slot"] != entries[b]["slot"] and entries[a]["object"] == "session"
+    # most recent first, with the tokens its slot holds now (turn 2's prompt and answer)
+    assert [s["id"] for s in listing["data"] if s["id"] in (a, b)] == [a, b]
+    assert entries[a]["tokens"] >= r2["usage"]["prompt_tokens"]
     assert listing["used_bytes"] == sum(s["bytes"] for s in listing["data"])
 
 
