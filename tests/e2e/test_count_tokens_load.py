@@ -61,3 +61,21 @@ def test_a_huge_chat_prompt_does_not_stall_the_server(server):
         time.sleep(0.05)
     assert [r.json()["error"]["code"] for r in results] == ["context_length_exceeded"] * 2
     assert slowest < 2.0, f"/health took {slowest:.2f} s while the chat prompts were tokenized"
+
+
+def test_a_huge_tokenize_does_not_stall_the_server(server):
+    """/tokenize of 3.5 MB of varied words (some seconds of tokenizing): off the event loop too."""
+    url = server.base_url
+    results: list = []
+    body = {"content": "".join(f"w{i} x{i * 7 % 1000} " for i in range(300_000))}
+    thread = threading.Thread(target=lambda: results.append(requests.post(url + "/tokenize", json=body, timeout=300)))
+    thread.start()
+    slowest = 0.0
+    while thread.is_alive():
+        start = time.monotonic()
+        assert requests.get(url + "/health", timeout=30).status_code == 200
+        slowest = max(slowest, time.monotonic() - start)
+        time.sleep(0.05)
+    thread.join()
+    assert results[0].status_code == 200 and len(results[0].json()["tokens"]) > 500_000
+    assert slowest < 2.0, f"/health took {slowest:.2f} s while /tokenize ran"

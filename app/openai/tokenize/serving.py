@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.http.chat import ChatRequest, ChatService
+from app.engine.offload import run_blocking
+from app.http.chat import LONG_PROMPT_CHARS, ChatRequest, ChatService
 from app.http.planning import check_model, check_token_list
 from app.model_host import ServedModel
 
@@ -22,11 +23,13 @@ class Tokenization:
         tokenizer = self.model.tokenizer
         add_bos = None if request.add_special else False
         if request.parse_special:
-            tokens = tokenizer.encode(request.text, add_bos=add_bos)
+            encode = lambda: tokenizer.encode(request.text, add_bos=add_bos)  # noqa: E731
         else:  # `<|im_end|>` in the text is those characters' tokens
             bos = tokenizer.bos_token_id
             add = tokenizer.add_bos_token if add_bos is None else add_bos
-            tokens = ([bos] if add and bos is not None else []) + tokenizer.encode_text(request.text)
+            encode = lambda: ([bos] if add and bos is not None else []) + tokenizer.encode_text(request.text)  # noqa: E731
+        # megabytes take seconds: off the event loop, which serves everyone's tokens meanwhile
+        tokens = run_blocking(encode) if len(request.text) > LONG_PROMPT_CHARS else encode()
         if request.vllm:
             return {"tokens": tokens, "count": len(tokens), "max_model_len": self.model.context_length}
         if request.with_pieces:  # llama.cpp's: the piece as text, or its bytes where they are no UTF-8
