@@ -23,6 +23,7 @@ import falcon
 from app.anthropic import routes as anthropic_routes
 from app.auth import RequireApiKey
 from app.http import errors
+from app.chat_page import ChatPageResource
 from app.http.body import read_as_json, read_json, read_model_name
 from app.http.errors import APIError, model_not_found
 from app.models.manifest import read_manifest
@@ -39,7 +40,9 @@ log = logging.getLogger("etserve")
 ERROR_KEY = "etserve.router.error"  # the environ key of an error the router answers itself
 POLL_S = 0.05  # how often a request waiting for a load or an idle model looks again
 IDLE_WAIT_S = 30.0  # longest an unload waits for the model's last step (a token, or a prefill chunk)
-OWN_PATHS = frozenset({"/health", "/v1/models", "/models", "/models/load", "/models/unload"})
+# the router's own routes; the chat page and a browser's favicon ask load no model
+OWN_PATHS = frozenset({"/health", "/v1/models", "/models", "/models/load", "/models/unload", "/",
+                       "/favicon.ico"})
 
 
 @dataclasses.dataclass
@@ -304,6 +307,7 @@ class Router:
         app.req_options.strip_url_path_trailing_slash = True
         errors.install(app, openai_errors.envelope, anthropic_routes.error_envelopes())
         app.add_route("/health", _Health(self))
+        app.add_route("/", ChatPageResource(api_key_required=bool(self.settings.api_key)))
         models = _Models(self)
         for prefix in ("/v1", ""):
             app.add_route(f"{prefix}/models", models)

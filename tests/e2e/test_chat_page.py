@@ -255,3 +255,34 @@ def test_a_progress_bar_shows_while_the_prompt_is_read(make_server, browser):
     assert processed[-1] == reports[-1]["total"] and reports[0]["processed"] == reports[0]["cache"]
     assert not last_reply(browser).find_elements(By.CLASS_NAME, "reading")  # gone once the reply came
     assert reply_text(browser)
+
+
+def test_on_a_router_the_page_loads_no_model_and_offers_a_choice(make_server, model_dir, broken_model_dir,
+                                                                 tmp_path, browser):
+    """--models-dir: the page and a browser's favicon ask load nothing; the page never picks a
+    model that failed, offers the others in a list, and chats with the one chosen."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "a-broken").symlink_to(broken_model_dir)  # first by name
+    (models / "smollm2").symlink_to(model_dir)
+    (models / "smollm2-copy").symlink_to(model_dir)
+    srv = make_server({"ETSERVE_MODELS_DIR": str(models), "ETSERVE_MODELS_MAX": "1"})
+    statuses = lambda: {m["id"]: m["status"]["value"] for m in  # noqa: E731
+                        requests.get(srv.base_url + "/v1/models", timeout=10).json()["data"]}
+    assert requests.get(srv.base_url + "/", timeout=10).status_code == 200
+    assert requests.get(srv.base_url + "/favicon.ico", timeout=10).status_code == 404
+    assert set(statuses().values()) == {"unloaded"}
+    requests.post(srv.base_url + "/v1/chat/completions", timeout=60, json={
+        "model": "a-broken", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    assert statuses()["a-broken"] == "failed"
+    requests.post(srv.base_url + "/v1/chat/completions", timeout=60, json={
+        "model": "smollm2-copy", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    open_page(browser, srv)
+    assert page_state(browser) == "ready"
+    select = browser.find_element(By.ID, "model-select")
+    options = [o.get_attribute("value") for o in select.find_elements(By.TAG_NAME, "option")]
+    assert options == ["smollm2", "smollm2-copy"] and select.get_attribute("value") == "smollm2-copy"
+    select.find_element(By.CSS_SELECTOR, "option[value='smollm2']").click()
+    ask(browser, "Say hello.")
+    assert watch_reply(browser)[0] == "done"
+    assert statuses()["smollm2"] == "loaded"  # the chosen one answered
