@@ -36,6 +36,7 @@ class ModelState:
         self.model: ServedModel | None = None
         self.error: str | None = None
         self.public_error: str | None = None  # what /health may say: file names, never paths
+        self.metrics = None  # the model app's app.metrics.Metrics (a router's /metrics gathers them)
 
     def load(self, loader: Callable[[], ServedModel], on_ready: Callable[[ServedModel], None]) -> None:
         try:

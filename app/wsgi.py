@@ -120,7 +120,7 @@ def model_app(settings: Settings, loader: Callable[[], ServedModel]) -> tuple[fa
     model's behind the router of --models-dir)."""
     state = ModelState()
     router = falcon.routing.DefaultRouter()
-    metrics = Metrics(lambda: state.model.engine if state.model else None)
+    metrics = state.metrics = Metrics(lambda: state.model.engine if state.model else None)  # the router reads it
     middleware = [ObserveRequests(metrics, route_finder(router)), RequestId(), WriteTimeout(settings.write_timeout)]
     open_metrics = metrics_open(settings.metrics_auth)  # refuses a value it does not know
     if settings.api_key:  # the chat page holds no data; its API calls need the key

@@ -19,13 +19,16 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import falcon
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from app.anthropic import routes as anthropic_routes
 from app.auth import RequireApiKey
-from app.http import errors
 from app.chat_page import ChatPageResource
+from app.http import errors
 from app.http.body import read_as_json, read_json, read_model_name
 from app.http.errors import APIError, model_not_found
+from app.metrics import metrics_open
 from app.models.manifest import read_manifest
 from app.openai import errors as openai_errors
 from app.openai.models.routes import model_card
@@ -42,7 +45,7 @@ POLL_S = 0.05  # how often a request waiting for a load or an idle model looks a
 IDLE_WAIT_S = 30.0  # longest an unload waits for the model's last step (a token, or a prefill chunk)
 # the router's own routes; the chat page and a browser's favicon ask load no model
 OWN_PATHS = frozenset({"/health", "/v1/models", "/models", "/models/load", "/models/unload", "/",
-                       "/favicon.ico"})
+                       "/favicon.ico", "/metrics"})
 
 
 @dataclasses.dataclass
@@ -269,7 +272,7 @@ class Router:
         """Whether the API key check refuses the request (the router's own app then answers it with
         the 401): checked before a model is loaded for it."""
         if self._auth is None or path in ("/", "/health"):
-            return False
+            return False  # (the router's own routes: its app checks the key itself)
         try:
             self._auth.process_request(falcon.Request(environ), None)
         except APIError:
@@ -299,7 +302,10 @@ class Router:
     # -- the router's own routes ----------------------------------------------------------------
 
     def _own_app(self) -> falcon.App:
-        self._auth = RequireApiKey(self.settings.api_key) if self.settings.api_key else None
+        # as a model's app: the chat page open, /metrics as --metrics-auth says
+        open_paths = frozenset({"/", "/favicon.ico"} | ({"/metrics"} if metrics_open(self.settings.metrics_auth)
+                                                       else set()))
+        self._auth = RequireApiKey(self.settings.api_key, open_paths) if self.settings.api_key else None
         middleware: list = [RequestId()]
         if self._auth is not None:
             middleware.append(self._auth)
@@ -308,6 +314,7 @@ class Router:
         errors.install(app, openai_errors.envelope, anthropic_routes.error_envelopes())
         app.add_route("/health", _Health(self))
         app.add_route("/", ChatPageResource(api_key_required=bool(self.settings.api_key)))
+        app.add_route("/metrics", _Metrics(self))
         models = _Models(self)
         for prefix in ("/v1", ""):
             app.add_route(f"{prefix}/models", models)
@@ -394,6 +401,47 @@ class _Health:
         resp.media = body
 
     on_head = on_get
+
+
+class _Metrics:
+    """GET /metrics of a router: every loaded model's metrics with a `model` label, and each model's
+    status; loads nothing (a scrape of an idle router must not load a model)."""
+
+    def __init__(self, router: Router):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_ModelsCollector(router))
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.data = generate_latest(self.registry)
+
+
+class _ModelsCollector:
+    def __init__(self, router: Router):
+        self.router = router
+
+    def collect(self):
+        router = self.router
+        router.refresh()
+        hosted = sorted(router.hosted.values(), key=lambda h: h.name)
+        families: dict[str, Metric] = {}
+        for h in hosted:
+            metrics = getattr(h.state, "metrics", None) if h.status == "loaded" else None
+            if metrics is None:
+                continue
+            for family in metrics.registry.collect():
+                out = families.get(family.name)
+                if out is None:
+                    out = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                for sample in family.samples:
+                    out.add_sample(sample.name, {"model": h.name, **sample.labels}, sample.value, sample.timestamp,
+                                   sample.exemplar)
+        yield from families.values()
+        status = GaugeMetricFamily("etserve_model_status", "Each model of the models directory: 1 for its status "
+                                   "(loaded, loading, unloading, unloaded, failed)", labels=["model", "status"])
+        for h in hosted:
+            status.add_metric([h.name, h.status], 1)
+        yield status
 
 
 class _Models:

@@ -221,6 +221,10 @@ def test_an_unauthenticated_request_loads_nothing(models_dir):
         r = complete(srv, "smollm2")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert requests.get(srv.base_url + "/v1/models", timeout=5).status_code == 401
+        # open, as on a server of one model: the chat page (it asks for the key) and, by
+        # default (--metrics-auth open), /metrics
+        assert requests.get(srv.base_url + "/", timeout=5).status_code == 200
+        assert requests.get(srv.base_url + "/metrics", timeout=5).status_code == 200
         assert statuses(srv) == {"qwen": "unloaded", "smollm2": "unloaded"}
         r = requests.post(srv.base_url + "/v1/completions", headers={"Authorization": "Bearer k1"}, timeout=120,
                           json={"model": "smollm2", "prompt": "1, 2,", "max_tokens": 3})
@@ -259,3 +263,17 @@ def test_a_models_directory_with_no_model_fails_the_health_check(tmp_path, model
         assert r.status_code == 200 and r.json()["models"] == {"smollm2": {"status": "unloaded", "busy": 0}}, r.text
     finally:
         srv.stop()
+
+
+def test_metrics_gather_the_loaded_models_and_load_none(router):
+    """/metrics of a router: each loaded model's series with a `model` label and every model's
+    status; a scrape loads nothing (an idle router stays idle)."""
+    before = statuses(router)
+    text = requests.get(router.base_url + "/metrics", timeout=10).text
+    assert statuses(router) == before
+    for name, status in before.items():
+        assert f'etserve_model_status{{model="{name}",status="{status}"}} 1.0' in text
+    assert complete(router, "smollm2").status_code == 200
+    text = requests.get(router.base_url + "/metrics", timeout=10).text
+    assert 'etserve_generations_total{model="smollm2"}' in text
+    assert 'model="qwen"' not in text.replace('etserve_model_status{model="qwen"', "")  # not loaded: no series
