@@ -105,9 +105,10 @@ class ChatService:
             messages = messages[:1] if messages and messages[0].get("role") == "system" else []
         kwargs = {"enable_thinking": False} if self.model.no_think else {}  # --no-think; the request wins
         template = self.model.template
+        opens_turn = not (system_only or prefill)  # the template's generation prompt: a new assistant turn
         try:
             return render_chat(self.model.tokenizer,
-                               lambda m, t: template.render(m, tools=t, add_generation_prompt=not (system_only or prefill),
+                               lambda m, t: template.render(m, tools=t, add_generation_prompt=opens_turn,
                                                             **(kwargs | request.template_kwargs)),
                                messages, tools, continue_final=prefill)
         except (TemplateError, CannotContinue) as e:

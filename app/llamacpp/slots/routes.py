@@ -1,8 +1,9 @@
 """GET /slots: llama.cpp's monitor of sequence slots.
 
 One entry per slot: its id, whether a request uses it (`state`, `task`: prefill or decode, the
-request's sequence number; llama.cpp's `is_processing` and `id_task`, -1 when idle), the session whose conversation it holds, how many positions
-of its context are filled (`n_ctx_used` of `n_ctx`), the running request's prompt and
+request's sequence number; llama.cpp's `is_processing` and `id_task`, -1 when idle), the
+session whose conversation it holds, how many positions of its context are filled
+(`n_ctx_used` of `n_ctx`), the running request's prompt and
 generated token counts, and its memory (`reserved_bytes` mapped for it, `resident_bytes` of
 those in memory; slot 0's caches are part of the program's planned memory). No prompt text.
 """

@@ -27,7 +27,8 @@ class Tokenization:
         else:  # `<|im_end|>` in the text is those characters' tokens
             bos = tokenizer.bos_token_id
             add = tokenizer.add_bos_token if add_bos is None else add_bos
-            encode = lambda: ([bos] if add and bos is not None else []) + tokenizer.encode_text(request.text)  # noqa: E731
+            head = [bos] if add and bos is not None else []
+            encode = lambda: head + tokenizer.encode_text(request.text)  # noqa: E731
         # megabytes take seconds: off the event loop, which serves everyone's tokens meanwhile
         tokens = run_blocking(encode) if len(request.text) > LONG_PROMPT_CHARS else encode()
         if request.vllm:
