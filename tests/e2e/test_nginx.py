@@ -241,6 +241,13 @@ def test_request_id_and_client_address_reach_the_server(proxy, server):
                       headers={"X-Request-Id": "client-chosen-7"})
     assert r.headers["X-Request-Id"] == "client-chosen-7"
     _wait_for_line(server.log_path, "rid=client-chosen-7")
+    # one etserve would not take (it would log an id of its own) becomes nginx's: both logs agree
+    r = requests.post(proxy.base_url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"X-Request-Id": "my id fwd=9.9.9.9"})
+    rid = r.headers["X-Request-Id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", rid), rid
+    _wait_for_line(proxy.access_log, f"rid={rid}")
+    _wait_for_line(server.log_path, f"rid={rid}")
 
 
 def length(response: bytes) -> int:
@@ -262,6 +269,18 @@ def test_oversized_body_is_refused_by_nginx_as_an_openai_error(proxy):
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413")
     assert json.loads(body)["error"]["code"] == "request_too_large"
+    assert re.search(rb"(?i)\r\nx-request-id: *[0-9a-f]{32}", head)
+
+
+def test_nginx_answers_the_messages_api_in_anthropics_error_shape(proxy):
+    """nginx's own 413 on /v1/messages: Anthropic's envelope, which the anthropic SDK parses."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key="x", max_retries=0, timeout=60)
+    with pytest.raises(anthropic.APIStatusError) as e:
+        client.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "x" * 5_000_000}])
+    assert e.value.status_code == 413 and e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "invalid_request_error" and "4 MiB" in e.value.body["error"]["message"]
 
 
 # --- two replicas behind deploy/nginx-replicas.conf ----------------------------------------------
