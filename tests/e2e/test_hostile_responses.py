@@ -24,7 +24,7 @@ FIELDS = {
     "instructions": [5, ["x"], {"a": 1}],
     "max_output_tokens": [0, -1, 1.5, "16", True, 10 ** 30],
     "temperature": [-0.1, 2.5, "hot", [1], 1e400],
-    "top_p": [0, -1, 1.5, "x"],
+    "top_p": [-1, 1.5, "x"],  # 0 is valid: the best token only
     "stream": ["yes", 1],
     "tools": ["x", [1], [{"name": "f"}], [{"type": "function"}], [{"type": "function", "name": 5}],
               [{"type": "function", "name": "f", "parameters": "x"}],
@@ -44,7 +44,7 @@ FIELDS = {
     "include": ["x", [5]],
     "background": [True],
     "conversation": ["conv_1"],
-    "top_logprobs": [5],
+    "top_logprobs": [-1, 21, "3"],
     "model": [5, ["a"]],
     "unknown_field": [1],
 }
