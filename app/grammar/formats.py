@@ -79,34 +79,41 @@ def closed_objects(schema: Any) -> Any:
     return _close(schema, _mixin_refs(schema, set()), 0, False)
 
 
+def _children(schema: dict[str, Any]):
+    """(keyword, key or index or None, subschema, whether it is only part of `schema`'s shape) of
+    every subschema `_close` goes into (never allOf, not, if)."""
+    parent = _is_mixin_parent(schema)
+    groups = [(_OTHERS_ONE + ("additionalProperties",), False), (_OTHERS_LIST + _OTHERS_MAP, False),
+              (_SAME_ONE, True), (_SAME_LIST, parent), (_SAME_MAP, True)]
+    for keys, part in groups:
+        for k in keys:
+            value = schema.get(k)
+            if isinstance(value, list):
+                yield from ((k, i, x, part) for i, x in enumerate(value))
+            elif isinstance(value, dict) and k in _OTHERS_MAP + _SAME_MAP:
+                yield from ((k, n, x, part) for n, x in value.items())
+            elif isinstance(value, dict):
+                yield k, None, value, part
+    for k in _DEFS:  # a target used as part of another object's shape stays open (_mixin_refs)
+        if isinstance(schema.get(k), dict):
+            yield from ((k, n, x, None) for n, x in schema[k].items())
+
+
 def _close(schema: Any, open_refs: set[str], depth: int, part: bool) -> Any:
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return schema
     out = dict(schema)
+    for k in {k for k, _, _, _ in _children(schema)}:
+        out[k] = list(out[k]) if isinstance(out[k], list) else dict(out[k])
+    for k, at, sub, sub_part in _children(schema):
+        if sub_part is None:
+            sub_part = f"#/{k}/{at}" in open_refs
+        closed = _close(sub, open_refs, depth + 1, sub_part)
+        if at is None:
+            out[k] = closed
+        else:
+            out[k][at] = closed
     parent = _is_mixin_parent(schema)
-    for k in _OTHERS_ONE:
-        if k in out:
-            out[k] = _close(out[k], open_refs, depth + 1, False)
-    if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = _close(out["additionalProperties"], open_refs, depth + 1, False)
-    for k in _OTHERS_LIST:
-        if isinstance(out.get(k), list):
-            out[k] = [_close(x, open_refs, depth + 1, False) for x in out[k]]
-    for k in _OTHERS_MAP:
-        if isinstance(out.get(k), dict):
-            out[k] = {n: _close(x, open_refs, depth + 1, False) for n, x in out[k].items()}
-    for k in _DEFS:
-        if isinstance(out.get(k), dict):
-            out[k] = {n: _close(x, open_refs, depth + 1, f"#/{k}/{n}" in open_refs) for n, x in out[k].items()}
-    for k in _SAME_ONE:
-        if k in out:
-            out[k] = _close(out[k], open_refs, depth + 1, True)
-    for k in _SAME_LIST:
-        if isinstance(out.get(k), list):
-            out[k] = [_close(x, open_refs, depth + 1, parent) for x in out[k]]
-    for k in _SAME_MAP:
-        if isinstance(out.get(k), dict):
-            out[k] = {n: _close(x, open_refs, depth + 1, True) for n, x in out[k].items()}
     props = out.get("properties")
     required = out.get("required") if isinstance(out.get("required"), list) else []
     if (isinstance(props, dict) and not part and all(r in props for r in required)
