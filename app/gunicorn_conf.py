@@ -16,7 +16,6 @@ except ValueError as e:  # a bad ETSERVE_* value: say which, before gunicorn sta
     raise SystemExit(f"etserve: {e}") from None
 
 
-
 def _build_gguf(path: str, quantize: str) -> str:
     """``--model FILE.gguf`` (`etserve`, or ETSERVE_MODEL under plain gunicorn): built with
     --quantize when given, once (cached by the file's checksum and the options; progress on

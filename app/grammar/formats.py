@@ -37,31 +37,18 @@ def _is_mixin_parent(schema: dict[str, Any]) -> bool:
 
 def _mixin_refs(schema: Any, found: set[str], depth: int = 0, mixin: bool = False) -> set[str]:
     """The `$ref`s whose targets are parts of another object's shape (under allOf, beside a
-    parent's properties, in then/else): those targets must stay open."""
+    parent's properties, in then/else): those targets must stay open. Walks what `_close` walks
+    (`_children`), and allOf, not and if, which `_close` leaves as they are."""
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return found
     ref = schema.get("$ref")
     if isinstance(ref, str) and (mixin or _is_mixin_parent(schema)):
         found.add(ref)
-    parent = _is_mixin_parent(schema)
-    for k in _OTHERS_ONE + ("not", "if", "additionalProperties"):
-        _mixin_refs(schema.get(k), found, depth + 1)
-    for k in _OTHERS_LIST:
-        for sub in schema.get(k) if isinstance(schema.get(k), list) else ():
-            _mixin_refs(sub, found, depth + 1)
-    for k in _OTHERS_MAP + _DEFS:
-        for sub in schema.get(k).values() if isinstance(schema.get(k), dict) else ():
-            _mixin_refs(sub, found, depth + 1)
-    for sub in schema.get("allOf") if isinstance(schema.get("allOf"), list) else ():
-        _mixin_refs(sub, found, depth + 1, mixin=True)
-    for k in _SAME_ONE:
-        _mixin_refs(schema.get(k), found, depth + 1, mixin=True)
-    for k in _SAME_LIST:
-        for sub in schema.get(k) if isinstance(schema.get(k), list) else ():
-            _mixin_refs(sub, found, depth + 1, mixin=parent)
-    for k in _SAME_MAP:
-        for sub in schema.get(k).values() if isinstance(schema.get(k), dict) else ():
-            _mixin_refs(sub, found, depth + 1, mixin=True)
+    subs = [(sub, bool(part)) for _, _, sub, part in _children(schema)]
+    subs += [(schema.get(k), False) for k in ("not", "if")]
+    subs += [(sub, True) for sub in (schema.get("allOf") if isinstance(schema.get("allOf"), list) else ())]
+    for sub, part in subs:
+        _mixin_refs(sub, found, depth + 1, mixin=part)
     return found
 
 

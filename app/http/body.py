@@ -63,7 +63,7 @@ def read_json(req: falcon.Request, max_bytes: int) -> Any:
     unsupported = APIError(415, f"content type {ctype!r} is not supported; send application/json",
                            code="unsupported_media_type")
     mislabelled = ctype in _MISLABELLED
-    if ctype != "application/json" and not ctype.endswith("+json") and not mislabelled:
+    if not read_as_json(ctype):
         raise unsupported
     charset = _charset(params)
     if charset not in (None, "utf-8", "utf8", "us-ascii"):

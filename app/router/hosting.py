@@ -16,6 +16,7 @@ import io
 import logging
 import time
 from pathlib import Path
+from stat import S_ISREG
 from typing import Callable, Iterable
 
 import falcon
@@ -253,7 +254,7 @@ class Router:
 
     def __call__(self, environ: dict, start_response):
         path = (environ.get("PATH_INFO") or "/").rstrip("/") or "/"
-        if path in OWN_PATHS or path.startswith(("/v1/models/", "/models/")) or self._refused(environ, path):
+        if path in OWN_PATHS or path.startswith(("/v1/models/", "/models/")) or self._refused(environ):
             return self.own(environ, start_response)
         try:
             hosted = self.lookup(self._named(environ))
@@ -268,11 +269,11 @@ class Router:
             raise
         return _Released(body, lambda: self.release(hosted))
 
-    def _refused(self, environ: dict, path: str) -> bool:
+    def _refused(self, environ: dict) -> bool:
         """Whether the API key check refuses the request (the router's own app then answers it with
         the 401): checked before a model is loaded for it."""
-        if self._auth is None or path in ("/", "/health"):
-            return False  # (the router's own routes: its app checks the key itself)
+        if self._auth is None:  # (the router's own routes, OWN_PATHS, never come here)
+            return False
         try:
             self._auth.process_request(falcon.Request(environ), None)
         except APIError:
@@ -365,8 +366,8 @@ class _Recording:
 def _files_of(directory: Path) -> tuple | None:
     """The model directory's files as (name, size, mtime): what a fix of a broken model changes."""
     try:
-        return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in directory.iterdir()
-                            if (st := p.stat()) and p.is_file()))
+        stats = ((p.name, p.stat()) for p in directory.iterdir())
+        return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats if S_ISREG(st.st_mode)))
     except OSError:
         return None
 
