@@ -101,10 +101,12 @@ def fill_rows(key: str, name: str, directory: Path, fills: list[int], steps: int
 
 def tier_note(info: dict) -> str:
     """The kernels a worker ran and the host: "avx2 kernels (ETSERVE_ISA=avx2 on a host with AMX +
-    AVX-512 VNNI + ...), int8-KV attention: ..., on <CPU>"."""
-    forced = info.get("forced_isa")
+    AVX-512 VNNI + ...), int8-KV attention: ..., on <CPU>"; with ETSERVE_CPU_MASK, that mask."""
+    forced, mask = info.get("forced_isa"), info.get("cpu_mask")
     host = f"{cpu_model()}, {os.cpu_count()} cores, tier {cpu_tier()}"
     where = f"ETSERVE_ISA={forced} on {host}" if forced else host
+    if mask:  # libcpu_mask.so: the whole process saw the smaller CPU
+        where = f"CPUID masked to {mask} for the whole process (XNNPACK's kernels too) on {where}"
     return f"{info.get('isa', '?')} kernels, int8-KV attention: {info.get('attention', '?')}; host: {where}"
 
 

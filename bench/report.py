@@ -2,6 +2,8 @@
 
     python -m bench.report [--model-dir DIR] [--smol-dir DIR] [--threads 2] [--only own|peer|perplexity|fill|...]
     ETSERVE_ISA=avx2 python -m bench.report --only fill --no-doc   # decode at fill 12k on the AVX2 tier
+    ETSERVE_CPU_MASK=avx2 python -m bench.report --only fill --no-doc   # the same as on an AVX2 host:
+        # the workers see CPUID without AVX-512 (native/build/libcpu_mask.so), XNNPACK included
 
 Builds no model: an input that is not built makes its rows say so (`make model` builds them).
 The one thing it may build is the peer, llama.cpp's server, when its cache is missing
@@ -65,8 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=None,
                    help="one section only (peer: against llama.cpp, perplexity included; perplexity: the "
                         "perplexity table alone; sharing: the shared-box rows alone; speculation: the code-edit "
-                        "rows; fill: the decode-at-fill-12k row alone, e.g. with ETSERVE_ISA=avx2 to measure that "
-                        "tier; big: the 7B's rows, bench/big.py, only run when asked)")
+                        "rows; fill: the decode-at-fill-12k row alone, e.g. with ETSERVE_CPU_MASK=avx2 (the workers "
+                        "see an AVX2 host's CPUID) or ETSERVE_ISA=avx2 (our kernels only) to measure that tier; big: the 7B's rows, bench/big.py, only run when asked)")
     p.add_argument("--big-rounds", type=int, default=3, help="rounds of the 7B's decode and prefill rows")
     p.add_argument("--big-decode-tokens", type=int, default=32, help="tokens of the 7B's decode row")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of the decode comparisons")

@@ -48,7 +48,7 @@ def open_ours(model_dir: Path, threads: int) -> dict:
     info = {"vocab": model.info.vocab_size, "max_seq_len": model.info.max_seq_len,
             "max_prefill": model.info.max_prefill_len, "kv_bytes_per_position": kv_bytes,
             "isa": lib.ets_vector_isa().decode(), "attention": native.int8_attention(lib),
-            "forced_isa": os.environ.get("ETSERVE_ISA") or None}
+            "forced_isa": os.environ.get("ETSERVE_ISA") or None, "cpu_mask": os.environ.get("ETSERVE_CPU_MASK") or None}
 
     def decode(fills, steps, ids=None, logit_bias=None):
         params = SamplingParams(temperature=0.0, logit_bias={int(k): v for k, v in (logit_bias or {}).items()})

@@ -16,6 +16,21 @@ class WorkerError(RuntimeError):
     pass
 
 
+CPU_MASK = ROOT / "native" / "build" / "libcpu_mask.so"
+
+
+def masked_env() -> dict[str, str]:
+    """This process's environment, with native/build/libcpu_mask.so preloaded when
+    ETSERVE_CPU_MASK asks for a smaller CPU (avx2, x86-64): the worker's every library (XNNPACK
+    too, which ETSERVE_ISA does not reach) then chooses its kernels as on that CPU."""
+    env = dict(os.environ)
+    if env.get("ETSERVE_CPU_MASK"):
+        if not CPU_MASK.exists():
+            raise WorkerError(f"ETSERVE_CPU_MASK needs {CPU_MASK} (make -C native)")
+        env["LD_PRELOAD"] = " ".join(filter(None, (str(CPU_MASK), env.get("LD_PRELOAD"))))
+    return env
+
+
 class Worker:
     """A subprocess (bench/runtimes.py) holding one .pte in one runtime: ours (libetserve.so),
     ExecuTorch's kernels through the wheel's pybinding, or ExecuTorch's LLM runner. The
@@ -28,7 +43,7 @@ class Worker:
         self.log = tempfile.NamedTemporaryFile(prefix=f"etserve-bench-{kind}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.runtimes", kind, str(model_dir), "--threads", str(threads)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=masked_env())
         self._info: dict | None = None
 
     @property
