@@ -78,6 +78,10 @@ SETTINGS: tuple[Setting, ...] = (
             "page; several keys: comma-separated"),
     Setting("metrics_auth", "ETSERVE_METRICS_AUTH", "--metrics-auth", "open",
             "with an API key set, /metrics is 'open' (like /health) or needs the 'key'"),
+    Setting("cors_origins", "ETSERVE_CORS_ORIGINS", "--cors-origins", "",
+            "web pages (origins, comma-separated; '*' in one matches anything, '*' alone any origin) that may "
+            "call the server from a browser, besides its own chat page and pages served from this machine; "
+            "with an API key set, any page may (the key is the gate); requests from other pages get 403"),
     Setting("max_body_bytes", "ETSERVE_MAX_BODY_BYTES", "--max-body-bytes", str(4 * 1024 * 1024),
             "largest request body accepted"),
     Setting("session_cache_mib", "ETSERVE_SESSION_CACHE_MIB", "--session-cache-mib", "512",
@@ -159,6 +163,7 @@ class Settings:
     queue_timeout: int
     api_key: str
     metrics_auth: str
+    cors_origins: str
     max_body_bytes: int
     session_cache_mib: int
     session_dir: str

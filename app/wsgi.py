@@ -29,6 +29,7 @@ from app.llamacpp.slots.routes import SlotsResource
 from app.http import errors
 from app.http.cancel import editor_key
 from app.http.chat import ChatService
+from app.http.cors import Cors
 from app.http.generation_resource import GenerationResource
 from app.openai import errors as openai_errors
 from app.openai.chat.routes import chat_completions_resource
@@ -121,7 +122,8 @@ def model_app(settings: Settings, loader: Callable[[], ServedModel]) -> tuple[fa
     state = ModelState()
     router = falcon.routing.DefaultRouter()
     metrics = state.metrics = Metrics(lambda: state.model.engine if state.model else None)  # the router reads it
-    middleware = [ObserveRequests(metrics, route_finder(router)), RequestId(), WriteTimeout(settings.write_timeout)]
+    middleware = [ObserveRequests(metrics, route_finder(router)), RequestId(), WriteTimeout(settings.write_timeout),
+                  Cors(settings.cors_origins, any_origin=bool(settings.api_key))]
     open_metrics = metrics_open(settings.metrics_auth)  # refuses a value it does not know
     if settings.api_key:  # the chat page holds no data; its API calls need the key
         middleware.append(RequireApiKey(settings.api_key, frozenset({"/", "/metrics"} if open_metrics else {"/"})))

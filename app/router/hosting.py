@@ -28,6 +28,7 @@ from app.auth import RequireApiKey
 from app.chat_page import ChatPageResource
 from app.http import errors
 from app.http.body import read_as_json, read_json, read_model_name
+from app.http.cors import Cors
 from app.http.errors import APIError, model_not_found
 from app.metrics import metrics_open
 from app.models.manifest import read_manifest
@@ -254,7 +255,9 @@ class Router:
 
     def __call__(self, environ: dict, start_response):
         path = (environ.get("PATH_INFO") or "/").rstrip("/") or "/"
-        if path in OWN_PATHS or path.startswith(("/v1/models/", "/models/")) or self._refused(environ):
+        # preflights and refused requests are the router's own to answer: no model loads for them
+        if (path in OWN_PATHS or path.startswith(("/v1/models/", "/models/")) or environ.get("REQUEST_METHOD") == "OPTIONS"
+                or self._refused(environ)):
             return self.own(environ, start_response)
         try:
             hosted = self.lookup(self._named(environ))
@@ -270,8 +273,11 @@ class Router:
         return _Released(body, lambda: self.release(hosted))
 
     def _refused(self, environ: dict) -> bool:
-        """Whether the API key check refuses the request (the router's own app then answers it with
-        the 401): checked before a model is loaded for it."""
+        """Whether the origin or the API key check refuses the request (the router's own app then
+        answers it with the 403 or 401): checked before a model is loaded for it."""
+        if environ.get("HTTP_ORIGIN") is not None and not self._cors.allows(
+                environ["HTTP_ORIGIN"], environ.get("HTTP_HOST"), environ.get("HTTP_X_FORWARDED_HOST")):
+            return True
         if self._auth is None:  # (the router's own routes, OWN_PATHS, never come here)
             return False
         try:
@@ -307,7 +313,8 @@ class Router:
         open_paths = frozenset({"/", "/favicon.ico"} | ({"/metrics"} if metrics_open(self.settings.metrics_auth)
                                                        else set()))
         self._auth = RequireApiKey(self.settings.api_key, open_paths) if self.settings.api_key else None
-        middleware: list = [RequestId()]
+        self._cors = Cors(self.settings.cors_origins, any_origin=bool(self.settings.api_key))
+        middleware: list = [RequestId(), self._cors]
         if self._auth is not None:
             middleware.append(self._auth)
         app = falcon.App(middleware=middleware)

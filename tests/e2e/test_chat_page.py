@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ KEY = "page-test-key"
 CODE_PROMPT = "Write a Python function that adds two numbers."
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1100,860"]
+         "--window-size=1100,860", "--host-resolver-rules=MAP ui.test 127.0.0.1"]  # another origin, for CORS
 
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
     pytest.skip("Chromium or chromedriver is not installed (make system-packages installs them)",
@@ -193,6 +194,52 @@ def test_stop_aborts_the_fetch_and_the_server_stops_generating(server, browser):
     conversation = browser.execute_script("return etserveChat.chat.messages")
     assert conversation[-1]["role"] == "assistant" and conversation[-1]["content"]
     assert not browser.find_element(By.ID, "send").get_attribute("disabled")
+
+
+@pytest.fixture(scope="module")
+def other_origin(tmp_path_factory):
+    """A page of another web site (http://ui.test:PORT, Chromium resolving ui.test to this machine),
+    as a browser chat UI served from elsewhere is."""
+    import functools
+    import http.server
+
+    from e2e.servers import free_port
+
+    root = tmp_path_factory.mktemp("ui")
+    (root / "index.html").write_text("<!doctype html><title>ui</title><p>another site</p>")
+    port = free_port()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://ui.test:{port}"
+    httpd.shutdown()
+
+
+STREAM_FROM_PAGE = """
+const [url, key, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
+const headers = {"Content-Type": "application/json"};
+if (key) headers["Authorization"] = "Bearer " + key;
+fetch(url + "/v1/chat/completions", {method: "POST", headers,
+      body: JSON.stringify({messages: [{role: "user", content: "Hello!"}], max_tokens: 4, stream: true})})
+  .then(async r => done({status: r.status, body: await r.text(), id: r.headers.get("X-Request-Id")}))
+  .catch(e => done({error: String(e)}));
+"""
+
+
+def test_a_chat_ui_on_another_site_streams_once_allowed(make_server, server, browser, other_origin):
+    """Cross-origin fetch from a real browser: refused by default (a 403, nothing generated); with
+    --cors-origins naming the site, or an API key, the preflight passes and the stream is readable."""
+    browser.get(other_origin + "/index.html")
+    refused = browser.execute_async_script(STREAM_FROM_PAGE, server.base_url, None)
+    assert "Failed to fetch" in refused.get("error", ""), refused
+    allowed = make_server({"ETSERVE_CORS_ORIGINS": "http://ui.test:*"})
+    out = browser.execute_async_script(STREAM_FROM_PAGE, allowed.base_url, None)
+    assert out.get("status") == 200 and "data: [DONE]" in out["body"] and out["id"], out
+    keyed = make_server({"ETSERVE_API_KEY": KEY})
+    out = browser.execute_async_script(STREAM_FROM_PAGE, keyed.base_url, KEY)
+    assert out.get("status") == 200 and "data: [DONE]" in out["body"], out
+    out = browser.execute_async_script(STREAM_FROM_PAGE, keyed.base_url, "wrong")
+    assert out.get("status") == 401, out  # the 401 readable by the page, to say so
 
 
 def test_with_an_api_key_the_page_asks_for_it_and_then_chats(make_server, browser):

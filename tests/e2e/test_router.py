@@ -233,6 +233,29 @@ def test_an_unauthenticated_request_loads_nothing(models_dir):
         srv.stop()
 
 
+def test_a_preflight_and_a_refused_web_page_load_nothing(models_dir):
+    """Browser pages (CORS) on a router: a preflight and a page of an origin not allowed are answered
+    by the router itself; an allowed page's request loads its model and its answer is readable."""
+    srv = Server(models_dir, {"ETSERVE_MODELS_DIR": str(models_dir)})
+    try:
+        srv.wait_ready()
+        pre = requests.options(srv.base_url + "/v1/completions", timeout=5, headers={
+            "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type"})
+        assert pre.status_code == 204 and pre.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
+        r = requests.post(srv.base_url + "/v1/completions", timeout=10, headers={
+            "Origin": "https://evil.example", "Content-Type": "text/plain"},
+            data=json.dumps({"model": "smollm2", "prompt": "1, 2,", "max_tokens": 3}))
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+        assert statuses(srv) == {"qwen": "unloaded", "smollm2": "unloaded"}
+        r = requests.post(srv.base_url + "/v1/completions", timeout=120, headers={"Origin": "http://localhost:3000"},
+                          json={"model": "smollm2", "prompt": "1, 2,", "max_tokens": 3})
+        assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
+        assert statuses(srv)["smollm2"] == "loaded"
+    finally:
+        srv.stop()
+
+
 def test_a_single_model_server_answers_the_router_routes(server):
     """llama.cpp's router routes on a server of one model: it is always loaded."""
     model_id = requests.get(server.base_url + "/v1/models", timeout=5).json()["data"][0]["id"]
