@@ -23,6 +23,7 @@ from app.http.chat import MAX_MESSAGES, ResponseFormat
 from app.http.errors import APIError, invalid_value
 from app.http.fields import Fields, message_list
 from app.http.generation_params import GenerationParams, stop_strings
+from app.text.unread import placeholder
 
 log = logging.getLogger("etserve")
 
@@ -41,7 +42,6 @@ SERVER_TOOL_BLOCKS = ("server_tool_use", "mcp_tool_use", "web_search_tool_result
                       "code_execution_tool_result", "bash_code_execution_tool_result",
                       "text_editor_code_execution_tool_result", "tool_search_tool_result", "mcp_tool_result",
                       "container_upload", "tool_reference")
-_warned_blocks: set[str] = set()
 MAX_TOOL_NAME = 128
 _logged_server_tools: set[str] = set()  # logged once each; bounded, as a client picks the names
 MAX_LOGGED_TOOL_TYPES = 64
@@ -159,13 +159,8 @@ def _placeholder(kind: str, block: dict[str, Any]) -> str:
     if kind == "document" and source.get("type") == "text" and isinstance(source.get("data"), str):
         title = block.get("title")
         return (f"{title}\n" if isinstance(title, str) and title else "") + source["data"]
-    if kind not in _warned_blocks and len(_warned_blocks) < 8:
-        _warned_blocks.add(kind)
-        log.warning("messages: %s blocks are not shown to the model (it reads text only); a placeholder "
-                    "stands in their place", kind)
     title = block.get("title") if kind == "document" else None
-    name = f" {str(title)[:200]}" if isinstance(title, str) and title else ""
-    return f"[{kind}{name}: not shown, this model reads text only]"
+    return placeholder("messages", kind, kind, title if isinstance(title, str) and title else None)
 
 
 def _server_tool_note(kind: str, block: dict[str, Any]) -> str:

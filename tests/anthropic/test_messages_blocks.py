@@ -72,8 +72,8 @@ def test_user_blocks(kind, caplog):
 
 
 def _warned():
-    from app.anthropic.protocol import _warned_blocks
-    return _warned_blocks
+    from app.text.unread import _warned
+    return {kind for api, kind in _warned if api == "messages"}
 
 
 @pytest.mark.parametrize("kind", sorted(ASSISTANT_BLOCKS))

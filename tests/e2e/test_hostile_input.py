@@ -39,7 +39,7 @@ FIELDS = {
 }
 BAD_MESSAGES = [
     None, "hi", 5, [], {}, [None], ["hi"], [{"content": "no role"}], [{"role": "wizard", "content": "x"}],
-    [{"role": "user"}], [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "image_url"}]}],
+    [{"role": "user"}], [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "hologram"}]}],
     [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": [5]}],
     [{"role": "user", "content": "x"}] * 5000, [{"role": ["user"], "content": "x"}],
     [{"role": "tool", "content": None}], [{"role": "user", "content": "x", "tool_calls": "nope"}],

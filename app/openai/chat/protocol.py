@@ -10,6 +10,7 @@ from app.http.errors import invalid_value
 from app.http.fields import Fields, message_list
 from app.http.generation_params import parse_generation_params
 from app.http.sessions import parse_session_id
+from app.text.unread import placeholder
 
 from ..stream_options import parse_stream
 
@@ -124,6 +125,16 @@ def _tool_calls(where: str, calls: Any) -> list[dict[str, Any]]:
     return out
 
 
+# Content parts the model cannot read (it has no vision or audio): a placeholder (app/text/unread.py).
+UNREAD_PARTS = {"image_url": "image", "input_audio": "audio", "file": "file"}
+
+
+def _placeholder(kind: str, part: dict[str, Any]) -> str:
+    inner = part.get("file") if isinstance(part.get("file"), dict) else {}
+    name = inner.get("filename") or inner.get("file_id") if kind == "file" else None
+    return placeholder("chat", kind, UNREAD_PARTS[kind], str(name) if name else None)
+
+
 def _content(where: str, role: str, content: Any, *, has_tool_calls: bool) -> str | None:
     if content is None:
         if role == "assistant" and has_tool_calls:
@@ -136,15 +147,22 @@ def _content(where: str, role: str, content: Any, *, has_tool_calls: bool) -> st
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind in UNREAD_PARTS:
+                parts.append(_placeholder(kind, part))
+                continue
+            if kind == "refusal" and role == "assistant" and isinstance(part.get("refusal"), str):
+                parts.append(part["refusal"])
+                continue
+            if kind not in ("text", "input_text"):
                 raise invalid_value(f"{where}.content[{j}]",
                                     f"content part of type {kind!r} is not supported; this model reads text only")
             text = part.get("text")
             if not isinstance(text, str):
                 raise invalid_value(f"{where}.content[{j}].text", "a text content part needs a string 'text'")
             parts.append(text)
-        return "".join(parts)
+        # parts on lines of their own (vLLM's join): "Say hi" and "please" must not read "Say hiplease"
+        return "\n".join(parts)
     raise invalid_value(f"{where}.content", f"'{where}.content' must be a string or an array of text parts")
 
 

@@ -20,6 +20,7 @@ from app.http.errors import APIError, invalid_value
 from app.http.fields import Fields
 from app.http.generation_params import GenerationParams
 from app.http.sessions import parse_session_id
+from app.text.unread import placeholder
 
 log = logging.getLogger("etserve")
 
@@ -150,7 +151,6 @@ TEXT_ITEMS = ("compaction", "compaction_summary")
 REFUSED_ITEMS = {"item_reference": "item references are not supported: send the item itself"}
 # Content parts the model cannot read (it has no vision or audio): a short placeholder, and a warning.
 PLACEHOLDER_PARTS = ("input_image", "input_file", "input_audio", "image_url", "image", "file", "audio")
-_warned_parts: set[str] = set()
 
 
 def prompt_names(refs: dict[str, ToolRef]) -> dict[tuple[str, str | None], str]:
@@ -282,17 +282,11 @@ def _content(at: str, content: Any) -> str:
 
 def _placeholder(kind: str, part: dict[str, Any]) -> str:
     """What the model reads instead of an image, file or audio part (it reads text only)."""
-    if kind not in _warned_parts and len(_warned_parts) < 16:
-        _warned_parts.add(kind)
-        log.warning("responses: %s content is not shown to the model (it reads text only); "
-                    "a placeholder stands in its place", kind)
     if kind in ("input_file", "file"):
         inner = part.get("file") if isinstance(part.get("file"), dict) else part
         name = inner.get("filename") or inner.get("file_id") or inner.get("file_url")
-        return f"[file{' ' + str(name)[:200] if name else ''}: not shown, this model reads text only]"
-    if kind in ("input_audio", "audio"):
-        return "[audio: not heard, this model reads text only]"
-    return "[image: not shown, this model reads text only]"
+        return placeholder("responses", kind, "file", str(name) if name else None)
+    return placeholder("responses", kind, "audio" if kind in ("input_audio", "audio") else "image")
 
 
 def _text_of(at: str, output: Any, *, objects: bool = False) -> str:
