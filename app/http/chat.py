@@ -57,6 +57,8 @@ class ChatRequest:
     template_kwargs: dict[str, Any]
     session_id: str | None = None  # body `session_id`, else a session header (app/http/sessions.py)
     return_progress: bool = False  # llama.cpp's: stream prompt_progress chunks while the prompt is read
+    cache_prompt: bool = True  # llama.cpp's: false computes the whole prompt, reusing no cache
+    reasoning_split: bool = True  # llama.cpp's reasoning_format "none": thinking stays in the content
 
 
 def _long(request: ChatRequest) -> bool:
@@ -138,13 +140,16 @@ class ChatService:
                                      session_id=request.session_id, report_progress=request.return_progress)
         if request.top_logprobs:
             generation = replace(generation, top_logprobs=request.top_logprobs)
+        if not request.cache_prompt:
+            generation = replace(generation, reuse_prefix=False)
         if self.model.engine.context_shift:  # --context-shift keeps the system turn (unless --keep says)
             generation = replace(generation, keep=self._system_tokens(request, tokens))
         constraint = output_constraint(request, self.model.grammars)
         if constraint is not None:
             generation = replace(generation, constraint=constraint)
         # A grammar shapes the whole output (no room to think first), so a constrained one is never split.
-        reasoning = prompt_opens_reasoning(prompt) if self.model.reasoning and constraint is None else None
+        split = self.model.reasoning and constraint is None and request.reasoning_split
+        reasoning = prompt_opens_reasoning(prompt) if split else None
         output = OutputOptions(stops=request.params.stop, reasoning_started=reasoning, tools=request.tools,
                                parallel_tool_calls=request.parallel_tool_calls)
         return PreparedChat(request, generation, output)

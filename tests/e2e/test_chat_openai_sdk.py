@@ -127,3 +127,48 @@ def test_timings_and_cached_tokens(server):
     # llama.cpp's per-token figures beside its per-second ones
     assert t["prompt_per_token_ms"] == round(t["prompt_ms"] / t["prompt_n"], 3)
     assert abs(t["predicted_per_token_ms"] * t["predicted_per_second"] - 1000) < 5
+
+
+# What llama.cpp's web UI sends to /v1/chat/completions with its default settings (and Open
+# WebUI's and SillyTavern's llama.cpp presets similar): its sampler fields, "no limit" as -1.
+LLAMA_WEBUI = {"stream": True, "return_progress": True, "reasoning_format": "auto", "temperature": 0.8,
+               "max_tokens": -1, "dynatemp_range": 0, "dynatemp_exponent": 1, "top_k": 40, "top_p": 0.95,
+               "min_p": 0.05, "xtc_probability": 0, "xtc_threshold": 0.1, "typ_p": 1, "repeat_last_n": 64,
+               "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0, "dry_multiplier": 0,
+               "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+               "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+               "backend_sampling": False, "timings_per_token": True, "cache_prompt": True}
+
+
+def chat(server, **body):
+    return requests.post(server.base_url + "/v1/chat/completions", timeout=120,
+                         json={"messages": [{"role": "user", "content": "Tell me about owls."}], **body})
+
+
+def test_llama_cpp_web_uis_request_is_served(server):
+    r = chat(server, **{**LLAMA_WEBUI, "seed": 3})
+    assert r.status_code == 200, r.text
+    events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) > 3
+    # max_tokens -1: until an end token or the context's end (no 400), the stream ends with a reason
+    assert any('"finish_reason": "' in e for e in events)
+
+
+def test_llama_cpp_sampling_fields_are_honoured_on_chat(server):
+    greedy = chat(server, max_tokens=6, temperature=0).json()
+    # only the temperature sampler: with temperature 0, the same greedy text
+    only_temp = chat(server, max_tokens=6, temperature=0, samplers=["temperature"], repeat_penalty=1.0).json()
+    assert only_temp["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
+    # cache_prompt false: the prompt computed again, nothing reused (the documented way to runs that
+    # do not depend on what the slots hold)
+    fresh = chat(server, max_tokens=6, temperature=0, cache_prompt=False).json()
+    assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 == fresh["timings"]["cache_n"]
+    again = chat(server, max_tokens=6, temperature=0).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    for field, value in (("typical_p", 0.5), ("typ_p", 0.9), ("mirostat", 2), ("ignore_eos", True)):
+        r = chat(server, max_tokens=2, **{field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = chat(server, max_tokens=2, reasoning_format="bogus")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_format"
+    r = chat(server, max_tokens=2, repeat_penalty=1.1, repetition_penalty=1.1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"

@@ -32,7 +32,7 @@ def envelope(r, status: int, code: str | None = None, param: str | None = None) 
 
 @pytest.mark.parametrize("body, param, code", [
     ({"messages": HELLO, "temperature": "hot"}, "temperature", None),
-    ({"messages": HELLO, "max_tokens": -1}, "max_tokens", None),
+    ({"messages": HELLO, "max_tokens": -2}, "max_tokens", None),
     ({"messages": HELLO, "n": 0}, "n", None),
     ({"messages": "Hello"}, "messages", None),
     ({"messages": HELLO, "frobnicate": True}, "frobnicate", None),

@@ -8,7 +8,7 @@ from app import validation
 from app.http.chat import MAX_MESSAGES, ChatRequest, ResponseFormat
 from app.http.errors import invalid_value
 from app.http.fields import Fields, message_list
-from app.http.generation_params import parse_generation_params
+from app.http.llama_sampling import parse_llama_sampling
 from app.http.sessions import parse_session_id
 from app.text.unread import placeholder
 
@@ -27,7 +27,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
     f = Fields.of(body)
     model = f.string("model", None)
     messages = _messages(f.raw("messages"))
-    params = parse_generation_params(f)
+    if body.get("max_tokens") == -1 and isinstance(body, dict):  # llama.cpp's "no limit" (its web UI's default)
+        body.pop("max_tokens")
+    sampling = parse_llama_sampling(f)  # llama.cpp's fields too: its web UI sends them here
+    params = sampling.params
+    reasoning_split = _reasoning_format(f.raw("reasoning_format"))
     stream, include_usage = parse_stream(f)
     n = f.integer("n", 1, lo=1, hi=MAX_CHOICES)
     tools = _tools(f.array("tools"))
@@ -63,7 +67,23 @@ def parse_chat_request(body: Any) -> ChatRequest:
         template_kwargs=template_kwargs,
         session_id=session_id,
         return_progress=return_progress,
+        cache_prompt=sampling.cache_prompt,
+        reasoning_split=reasoning_split,
     )
+
+
+# llama.cpp's reasoning_format: a model's thinking goes to reasoning_content ("auto", "deepseek":
+# what this server does by default) or stays in the content as written ("none").
+REASONING_FORMATS = {"auto": True, "deepseek": True, "none": False}
+
+
+def _reasoning_format(value: Any) -> bool:
+    if value is None:
+        return True
+    if value not in REASONING_FORMATS:
+        raise invalid_value("reasoning_format", "'reasoning_format' must be one of "
+                            + ", ".join(f"'{v}'" for v in REASONING_FORMATS))
+    return REASONING_FORMATS[value]
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
