@@ -32,7 +32,7 @@ from .kv_budget import plan as plan_trims
 from .native import NativeError, NativeModel, Status
 from .offload import run_blocking
 from .sampling import SamplingParams
-from .scheduler import Claim, StepPolicy
+from .scheduler import Claim, PrefillCost, StepPolicy
 from .sessions import DiskSessions, KvSessions, common_prefix
 from .slots import Slot, SlotTable
 from .steps import StepGate
@@ -184,7 +184,7 @@ class Engine:
         self.context_shift = context_shift  # at the end of the context: drop the older half and go on
         self.keep = keep  # tokens a shift keeps at the start; -1: the request's `keep`, else 0
         self._seq = itertools.count(1)
-        self.prefill_rate = 0.002  # seconds a prompt token takes to read, as measured (a moving average)
+        self.prefill_cost = PrefillCost()  # what reading a prompt takes, as measured
         self._gate = StepGate(policy)
         self._superseding: dict[str, tuple[CancelToken, list]] = {}  # key -> (cancel, [its slot])
         self.superseded = 0
@@ -367,7 +367,7 @@ class Engine:
         cancel = cancel or CancelToken()
         cancel.generations.append(stats)
         claim = Claim(seq=next(self._seq), arrival=self._gate.clock(),
-                      size=len(request.prompt) * self.prefill_rate)  # until its cached part is known
+                      size=self.prefill_cost.estimate(0, len(request.prompt)))  # until its cached part is known
         holder: list = []  # the slot this generation runs in, once it has one
         prefer = None
         key = cancel.supersede_key
@@ -502,7 +502,7 @@ class Engine:
         if pos is _CANCELLED:
             stats.finish_reason = "cancelled"
             return
-        claim.size = (len(prompt) - pos) * self.prefill_rate  # what is left to read, once the cache is known
+        claim.size = self.prefill_cost.estimate(pos, len(prompt) - pos)  # what is left to read, once the cache is known
         started = slot.started = time.perf_counter()
         stats.queued_ms = (started - arrived) * 1000
         stats.cached_tokens = slot.cached_tokens = slot.processed = pos
@@ -535,7 +535,7 @@ class Engine:
             if last:
                 event, rng = out
             per_token = (claim.service - served) / len(chunk)
-            self.prefill_rate += 0.2 * (per_token - self.prefill_rate)
+            self.prefill_cost.observe(pos, len(chunk), claim.service - served)
             slot.tokens.extend(chunk)
             pos += len(chunk)
             update = progress()

@@ -6,7 +6,7 @@ among them. The policy is least-attained-service in levels, with a bound on wait
 
 - **Short before long.** A sequence's level grows with its size: the compute it has received
   (`service`, seconds of forward calls) or, when that is more, the compute its prompt is known
-  to need (`size`: its uncached prompt tokens at the measured prefill rate). Level 0 below
+  to need (`size`: its uncached prompt tokens as `PrefillCost` prices them). Level 0 below
   `quantum`, then one level per doubling. The lowest level goes first, so a new request (an
   editor's infill, a short chat turn) gets its prefill and first tokens ahead of a long prompt
   already under way, which waits at most one of its own chunks, however early in that prompt
@@ -67,3 +67,34 @@ class StepPolicy:
         if overdue:
             return min(overdue, key=lambda c: (c.waiting_since, c.seq))
         return min(claims, key=self.key)
+
+
+class PrefillCost:
+    """Seconds reading `n` prompt tokens from position `start` takes, learnt from the chunks read:
+    `per_token` for each token plus `per_context` for each token of context before it (attention's
+    share, which grows with the position). One rate for all positions would be set by the long
+    prompts (a 12k context's chunks cost several times a short one's): a 100-token chat turn would
+    then look as long as the quantum and wait behind every stream until they had each had that much
+    service (up to max_wait, seconds, for a prompt read in 0.2 s). Nor do a few tokens' chunks
+    count (FEWEST): per token, a call's fixed cost makes them look as slow again."""
+
+    SHORT = 1024  # chunks whose middle is below this teach per_token; beyond it, per_context
+    # chunks of fewer tokens teach nothing: a call's fixed cost (reading the weights, sampling) is
+    # most of theirs (a cached prompt's last token alone takes a decode step, ~10 ms a token)
+    FEWEST = 64
+
+    def __init__(self, per_token: float = 0.002, per_context: float = 0.0, weight: float = 0.2):
+        self.per_token, self.per_context, self.weight = per_token, per_context, weight
+
+    def estimate(self, start: int, n: int) -> float:
+        return n * (self.per_token + self.per_context * (start + n / 2)) if n > 0 else 0.0
+
+    def observe(self, start: int, n: int, seconds: float) -> None:
+        if n < self.FEWEST or seconds <= 0:
+            return
+        each, middle = seconds / n, start + n / 2
+        if middle < self.SHORT:
+            self.per_token += self.weight * (each - self.per_token)
+        else:
+            slope = max(0.0, (each - self.per_token) / middle)
+            self.per_context += self.weight * (slope - self.per_context)

@@ -243,3 +243,52 @@ def test_a_short_request_early_in_a_long_prompt_still_goes_first_by_size():
     assert p.pick([long, short], now=1.6) is short
     long.size = 0.0  # without it: the long one, with less service, would go
     assert p.pick([long, short], now=1.6) is long
+
+
+def test_prefill_cost_prices_a_short_prompt_by_short_chunks_however_long_the_others_were():
+    """Chunks of 12k-token prompts cost several times a short one's per token (attention over the
+    context): priced at one moving rate, a 110-token chat turn looked like 0.55 s, level 1, and
+    waited behind four streams for up to max_wait (3 s, measured) on idle slots."""
+    from app.engine.scheduler import PrefillCost
+
+    def seconds(start, n):  # 1.5 ms a token, plus 0.3 us per token of context before it
+        return n * (0.0015 + 3e-7 * (start + n / 2))
+
+    cost = PrefillCost()
+    for _ in range(3):  # a few long prompts read, in 128-token chunks
+        for start in range(0, 12000, 128):
+            cost.observe(start, 128, seconds(start, 128))
+    short = cost.estimate(0, 110)
+    assert abs(short - seconds(0, 110)) < 0.2 * seconds(0, 110)
+    assert StepPolicy().level(short) == 0
+    assert abs(cost.estimate(0, 12000) - 12000 * 0.0033) < 0.2 * 12000 * 0.0033  # long ones stay long
+    assert abs(cost.estimate(10000, 500) - seconds(10000, 500)) < 0.2 * seconds(10000, 500)  # late in a long context
+
+    one_rate = 0.002  # the old estimate: one moving average of every chunk's per-token time
+    for start in range(0, 12000, 128):
+        one_rate += 0.2 * (seconds(start, 128) / 128 - one_rate)
+    assert StepPolicy().level(110 * one_rate) == 1
+
+
+def test_a_short_newcomer_goes_before_streams_that_have_had_little_service():
+    p = StepPolicy()
+    streams = [claim(i, arrival=0.0, service=0.3, decoding=True, last_run=1.0 + i / 100, waiting_since=1.0)
+               for i in range(1, 5)]
+    new = claim(9, arrival=0.99, waiting_since=0.99)
+    new.size = 0.17  # 110 tokens, priced by PrefillCost
+    assert p.pick(streams + [new], now=1.05) is new
+    new.size = 0.55  # priced at the long prompts' rate: level 1, behind every stream
+    assert p.pick(streams + [new], now=1.05) is not new
+
+
+def test_prefill_cost_learns_nothing_from_a_few_tokens_chunk():
+    """A cached prompt's last token is read alone, in a call that costs what a decode step does
+    (~13 ms): counted per token, it made every prompt look 5-10 times as long."""
+    from app.engine.scheduler import PrefillCost
+
+    cost = PrefillCost()
+    for _ in range(20):
+        cost.observe(0, 128, 0.19)  # 1.5 ms a token
+        cost.observe(115, 1, 0.013)
+        cost.observe(3000, 3, 0.015)
+    assert abs(cost.estimate(0, 110) - 0.165) < 0.01
