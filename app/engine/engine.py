@@ -498,6 +498,7 @@ class Engine:
         model, prompt, sampling = self.model, request.prompt, request.sampling
         rng = sampling.initial_rng_state()
         slot.task = "prefill"
+        slot.started = time.perf_counter()  # (the prompt's time counts from here, not the slot's last request)
         pos = self._with_step(slot, claim, cancel, self._prepare, slot, request)
         if pos is _CANCELLED:
             stats.finish_reason = "cancelled"

@@ -86,3 +86,25 @@ def test_the_engine_shows_the_running_prefill(served_model):
     assert seen and all(s is not None for s in seen)
     assert [s.processed for s in seen] == sorted({s.processed for s in seen})
     assert engine.prompt_progress is None
+
+
+def test_a_prompt_waiting_for_its_first_step_counts_its_own_time(served_model, monkeypatch):
+    """/health read a slot's prompt time from its previous request until the new one's first step
+    (113 s shown 0.8 s after a request arrived, under load)."""
+    import time
+
+    engine = served_model.engine
+    ids = long_prompt(served_model, "Owls hunt at night across the quiet fields. ", 40)
+    list(engine.generate(GenerationRequest(ids, 1, GREEDY, frozenset())))  # the slot's request before
+    time.sleep(0.5)
+    seen = []
+    real = engine._with_step
+
+    def spy(slot, claim, cancel, fn, *args):
+        if fn == engine._prepare:  # marked as reading, its first step not yet run: what /health may see
+            seen.append(engine.prompt_progress)
+        return real(slot, claim, cancel, fn, *args)
+
+    monkeypatch.setattr(engine, "_with_step", spy)
+    list(engine.generate(GenerationRequest(ids[::-1], 1, GREEDY, frozenset())))
+    assert seen and seen[0] is not None and seen[0].time_ms < 250, seen
