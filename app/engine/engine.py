@@ -149,6 +149,17 @@ class Generation:
 _CANCELLED = object()  # what a step returns when its request was cancelled while it waited
 
 
+
+def same_document(older: list[int], newer: list[int]) -> bool:
+    """Whether an editor's new completion is for the document of one in flight: typing at the
+    cursor changes the prompt only around it, so the two share most of their tokens at the start
+    (what is above the cursor, and the context chunks before it) and at the end (what is below it).
+    Another document, or another editor window with its own context chunks, shares little."""
+    shorter = min(len(older), len(newer))
+    head = common_prefix(older, newer, shorter)
+    tail = common_prefix(older[::-1], newer[::-1], shorter - head)
+    return head + tail >= shorter // 2
+
 class Engine:
     def __init__(
         self,
@@ -186,7 +197,8 @@ class Engine:
         self._seq = itertools.count(1)
         self.prefill_cost = PrefillCost()  # what reading a prompt takes, as measured
         self._gate = StepGate(policy)
-        self._superseding: dict[str, tuple[CancelToken, list]] = {}  # key -> (cancel, [its slot])
+        # key -> the client's completions in flight: (cancel, [its slot], prompt)
+        self._superseding: dict[str, list[tuple[CancelToken, list, list[int]]]] = {}
         self.superseded = 0
         log = logging.getLogger("etserve")
         self.slot_memory_note = ""
@@ -372,14 +384,17 @@ class Engine:
         prefer = None
         key = cancel.supersede_key
         if key is not None:
-            older = self._superseding.get(key)
-            if older is not None and older[0] is not cancel:  # (a request's own choices never do)
-                older_cancel, older_holder = older
+            in_flight = self._superseding.setdefault(key, [])
+            for older_cancel, older_holder, older_prompt in list(in_flight):
+                # (a request's own choices never do; another document's completion is left alone)
+                if older_cancel is cancel or not same_document(older_prompt, request.prompt):
+                    continue
                 if not older_cancel.cancelled:
                     older_cancel.cancel("superseded by a newer request")
                     self.superseded += 1
-                prefer = older_holder[0] if older_holder else None
-            self._superseding[key] = (cancel, holder)
+                prefer = older_holder[0] if older_holder else prefer
+                in_flight.remove((older_cancel, older_holder, older_prompt))
+            in_flight.append((cancel, holder, request.prompt))
         cancel.listeners.append(lambda: self._gate.drop(claim))
         return Generation(self._run(request, cancel, stats, claim, holder, prefer), stats)
 
@@ -439,9 +454,10 @@ class Engine:
     def _forget_key(self, cancel: CancelToken, holder: list) -> None:
         key = cancel.supersede_key
         if key is not None:
-            entry = self._superseding.get(key)
-            if entry is not None and entry[1] is holder:
-                del self._superseding[key]
+            in_flight = self._superseding.get(key, [])
+            in_flight[:] = [e for e in in_flight if e[1] is not holder]
+            if not in_flight:
+                self._superseding.pop(key, None)
 
     def _with_step(self, slot: Slot, claim: Claim, cancel: CancelToken | None, fn: Callable, *args):
         """Run `fn` as one step of this sequence: wait for its turn (_CANCELLED if its request

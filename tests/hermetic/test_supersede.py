@@ -84,3 +84,48 @@ def test_the_choices_of_one_fim_completion_never_supersede_each_other():
         if not stream:
             assert all(c["finish_reason"] in ("stop", "length") for c in r.json["choices"]), r.json
     assert fake.engine.superseded == 0
+
+
+def test_another_documents_completion_from_the_same_client_is_left_alone():
+    """Two editor windows on one machine (one address, one User-Agent, one key) each complete their
+    own file: neither cuts the other off. Typing on in one document still supersedes."""
+    fake = FakeModel()
+    engine = fake.engine
+    fake.script.default(["x"] * 50)
+    key = "editor:same-machine"
+
+    def generation(text: str):
+        prompt = fake.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        cancel = CancelToken(supersede_key=key)
+        return engine.generate(GenerationRequest(prompt, 40, SamplingParams(temperature=0), frozenset({fake.eos_id})),
+                               cancel), cancel
+
+    quicksort = "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[0]\n    "
+    stack = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n        "
+    a, a_cancel = generation(quicksort)
+    fake.runtime.hold()
+    try:
+        a_run = Background(lambda: list(a))
+        wait_for(lambda: fake.runtime.forwards_started == 1)
+        b, b_cancel = generation(stack)  # the other window's document
+        assert not a_cancel.cancelled
+        b_run = Background(lambda: list(b))
+        a2, _ = generation(quicksort + "left = ")  # typing on in the first document
+        assert a_cancel.cancelled and not b_cancel.cancelled
+        a2_run = Background(lambda: list(a2))
+    finally:
+        fake.runtime.release()
+    a_run.result(), b_run.result(), a2_run.result()
+    assert b.stats.finish_reason in ("stop", "length") and a2.stats.finish_reason in ("stop", "length")
+    assert engine.superseded == 1
+
+
+def test_same_document():
+    from app.engine.engine import same_document
+
+    doc = list(range(100, 400))
+    typed = doc[:150] + [7, 8, 9] + doc[150:]  # three tokens typed at the cursor
+    assert same_document(doc, typed)
+    assert same_document(doc, doc[:150] + doc[152:])  # two deleted
+    assert not same_document(doc, list(range(1000, 1300)))
+    assert not same_document(doc[:40] + list(range(1000, 1260)), doc)  # a shared header only
