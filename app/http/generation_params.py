@@ -21,6 +21,9 @@ class GenerationParams:
     sampling: SamplingParams
     max_tokens: int | None  # None: until the context is full
     stop: tuple[str, ...]
+    # llama.cpp's and vLLM's ignore_eos: the model's end tokens are banned and stop nothing, so a
+    # generation runs to max_tokens (benchmark clients send it for outputs of a set length)
+    ignore_eos: bool = False
 
 
 def parse_generation_params(f: Fields) -> GenerationParams:
@@ -40,7 +43,8 @@ def parse_generation_params(f: Fields) -> GenerationParams:
         logit_bias=_logit_bias(f),
         seed=f.integer("seed", None, lo=-(2**63), hi=2**64 - 1),
     )
-    return GenerationParams(sampling=sampling, max_tokens=max_tokens, stop=_stops(f))
+    return GenerationParams(sampling=sampling, max_tokens=max_tokens, stop=_stops(f),
+                            ignore_eos=f.boolean("ignore_eos", False))
 
 
 def _stops(f: Fields) -> tuple[str, ...]:

@@ -42,7 +42,6 @@ NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dry_multiplier": (_is(0), "0"),
     "mirostat": (_is(0), "0"),
     "top_n_sigma": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0, "-1"),
-    "ignore_eos": (_is(False), "false"),
     "n_probs": (_is(0), "0"),
     "lora": (lambda v: v == [], "[] (no LoRA adapters are loaded)"),
     "grammar": (_is(""), "\"\""),

@@ -64,9 +64,12 @@ def plan_generation(model: ServedModel, tokens: list[int], params: GenerationPar
         wanted = min(default_max_tokens, room) if default_max_tokens is not None else room
     if model.max_tokens_cap > 0:  # the operator's limit: generation ends there, finish_reason "length"
         wanted = min(wanted, model.max_tokens_cap)
-    return GenerationRequest(prompt=tokens, max_tokens=wanted, sampling=params.sampling,
-                             stop_token_ids=model.stop_token_ids, session_id=session_id,
-                             report_progress=report_progress)
+    sampling, stops = params.sampling, model.stop_token_ids
+    if params.ignore_eos:  # banned (a bias of -100, OpenAI's "never") and stopping nothing
+        sampling = replace(sampling, logit_bias={**sampling.logit_bias, **{t: -100.0 for t in stops}})
+        stops = frozenset()
+    return GenerationRequest(prompt=tokens, max_tokens=wanted, sampling=sampling, stop_token_ids=stops,
+                             session_id=session_id, report_progress=report_progress)
 
 
 def fim_prompt(model: ServedModel, prefix: str | list[int], suffix: str, *, extra=(), typed: str = "",

@@ -165,10 +165,24 @@ def test_llama_cpp_sampling_fields_are_honoured_on_chat(server):
     assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 == fresh["timings"]["cache_n"]
     again = chat(server, max_tokens=6, temperature=0).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    for field, value in (("typical_p", 0.5), ("typ_p", 0.9), ("mirostat", 2), ("ignore_eos", True)):
+    for field, value in (("typical_p", 0.5), ("typ_p", 0.9), ("mirostat", 2), ("ignore_eos", "yes")):
         r = chat(server, max_tokens=2, **{field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     r = chat(server, max_tokens=2, reasoning_format="bogus")
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_format"
     r = chat(server, max_tokens=2, repeat_penalty=1.1, repetition_penalty=1.1)
     assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"
+
+
+def test_ignore_eos_runs_to_max_tokens(server):
+    """llama.cpp's and vLLM's ignore_eos (benchmark clients send it for outputs of a set length): the
+    end tokens are banned and stop nothing."""
+    ask = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 60, "temperature": 0}
+    plain = requests.post(server.base_url + "/v1/chat/completions", json=ask, timeout=120).json()
+    assert plain["choices"][0]["finish_reason"] == "stop" and plain["usage"]["completion_tokens"] < 60
+    long = requests.post(server.base_url + "/v1/chat/completions", json={**ask, "ignore_eos": True}, timeout=120).json()
+    assert long["choices"][0]["finish_reason"] == "length" and long["usage"]["completion_tokens"] == 60
+    r = requests.post(server.base_url + "/completion", timeout=120, json={
+        "prompt": "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n", "n_predict": 60,
+        "temperature": 0, "ignore_eos": True}).json()
+    assert r["tokens_predicted"] == 60 and r["stop_type"] == "limit"
