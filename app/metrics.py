@@ -75,13 +75,16 @@ class Metrics:
               registry=r).set_function(engine_value(lambda e: sum(1 for s in e.slots if s.busy)))
         self.queue_seconds = Histogram(
             "etserve_queue_wait_seconds",
-            "Time from a generation's arrival to its first step: waiting for a slot and a turn",
+            "Time from a generation's arrival to its first step: waiting for a slot and a turn "
+            "(requests that timed out or left while waiting: their whole wait)",
             buckets=FIRST_TOKEN_BUCKETS, registry=r)
         r.register(_SlotCollector(engine))
 
     def observe_generation(self, stats: GenerationStats) -> None:
+        self.queue_seconds.observe(stats.queued_ms / 1000)  # a request that gave up in line too
+        if stats.slot is None:  # never ran (timed out or cancelled in line): no generation
+            return
         self.generations.inc()
-        self.queue_seconds.observe(stats.queued_ms / 1000)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
         if stats.cached_tokens:

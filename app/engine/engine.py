@@ -118,7 +118,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
-    finish_reason: str | None = None  # "stop", "length" or "cancelled"
+    finish_reason: str | None = None  # "stop", "length", "cancelled"; "queue_timeout" (it never ran)
     slot: int | None = None  # the sequence slot it ran in
     queued_ms: float = 0.0  # from arrival to its first step: waiting for a slot and a turn
     prompt_ms: float = 0.0
@@ -416,12 +416,13 @@ class Engine:
                                            self.queue_timeout, prefer=prefer)
         finally:
             stats.queued_ms = (time.perf_counter() - t0) * 1000
-        if slot is None:
+        if slot is None or slot is False:  # it waited and never ran: observed all the same (its wait)
             self._forget_key(cancel, holder)
-            raise QueueTimeoutError(time.perf_counter() - t0)
-        if slot is False:
-            self._forget_key(cancel, holder)
-            stats.finish_reason = "cancelled"
+            stats.finish_reason = "queue_timeout" if slot is None else "cancelled"
+            for observe in self.observers:
+                observe(stats)
+            if slot is None:
+                raise QueueTimeoutError(time.perf_counter() - t0)
             return
         holder.append(slot)
         stats.slot = slot.index

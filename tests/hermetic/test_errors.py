@@ -132,6 +132,12 @@ def test_queue_timeout_is_503():
         assert fake.engine.waiting == 0
     assert running.result().status_code == 200
     assert len(fake.runtime.prompts) == 1  # the timed-out requests never ran
+    # their waits are in the queue-wait histogram (the longest waits of all), not as generations
+    metrics = client.simulate_get("/metrics").text
+    value = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+             if line and not line.startswith("#")}
+    assert value["etserve_queue_wait_seconds_count"] == 3 and value["etserve_generations_total"] == 1
+    assert value['etserve_queue_wait_seconds_bucket{le="0.5"}'] == 1  # the one that ran waited no time
 
 
 def test_503_while_the_model_loads_or_failed():
