@@ -42,7 +42,8 @@ def test_an_assistant_refusal_part_is_its_text():
 
 
 @pytest.mark.parametrize("part", [{"type": "hologram"}, {"type": "refusal", "refusal": "x"}, 5,
-                                  {"type": "text", "text": 5}])
+                                  {"type": "text", "text": 5}, {"type": ["image_url"]}, {"type": {"a": 1}},
+                                  {"type": None}, {"text": "no type"}])
 def test_other_parts_are_refused_by_name(part):
     with pytest.raises(APIError) as e:
         user(part)

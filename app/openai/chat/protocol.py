@@ -27,7 +27,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     f = Fields.of(body)
     model = f.string("model", None)
     messages = _messages(f.raw("messages"))
-    if body.get("max_tokens") == -1 and isinstance(body, dict):  # llama.cpp's "no limit" (its web UI's default)
+    if isinstance(body, dict) and body.get("max_tokens") == -1:  # llama.cpp's "no limit" (its web UI's default)
         body.pop("max_tokens")
     sampling = parse_llama_sampling(f)  # llama.cpp's fields too: its web UI sends them here
     params = sampling.params
@@ -168,6 +168,8 @@ def _content(where: str, role: str, content: Any, *, has_tool_calls: bool) -> st
         parts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if not isinstance(kind, str):
+                kind = type(kind).__name__
             if kind in UNREAD_PARTS:
                 parts.append(_placeholder(kind, part))
                 continue
