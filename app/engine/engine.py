@@ -149,7 +149,6 @@ class Generation:
 _CANCELLED = object()  # what a step returns when its request was cancelled while it waited
 
 
-
 def same_document(older: list[int], newer: list[int]) -> bool:
     """Whether an editor's new completion is for the document of one in flight: typing at the
     cursor changes the prompt only around it, so the two share most of their tokens at the start
@@ -159,6 +158,7 @@ def same_document(older: list[int], newer: list[int]) -> bool:
     head = common_prefix(older, newer, shorter)
     tail = common_prefix(older[::-1], newer[::-1], shorter - head)
     return head + tail >= shorter // 2
+
 
 class Engine:
     def __init__(
@@ -393,7 +393,7 @@ class Engine:
                     older_cancel.cancel("superseded by a newer request")
                     self.superseded += 1
                 prefer = older_holder[0] if older_holder else prefer
-                in_flight.remove((older_cancel, older_holder, older_prompt))
+                in_flight[:] = [e for e in in_flight if e[0] is not older_cancel]
             in_flight.append((cancel, holder, request.prompt))
         cancel.listeners.append(lambda: self._gate.drop(claim))
         return Generation(self._run(request, cancel, stats, claim, holder, prefer), stats)
