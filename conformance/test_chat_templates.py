@@ -1,4 +1,5 @@
-"""What reaches the chat template: every role, text content parts, chat_template_kwargs; images refused."""
+"""What reaches the chat template: every role, text content parts, chat_template_kwargs; an image
+part in a text model's conversation (a chat UI resends a pasted one every turn)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,15 @@ def test_every_role_in_one_conversation(post, model):
     assert message["content"] is None or isinstance(message["content"], str)
 
 
-def test_image_content_parts_are_refused_naming_the_part(post, model):
+def test_an_image_part_is_answered_or_refused_naming_the_part(post, model):
+    """A model that cannot see answers from the text (etserve: a placeholder stands in for the
+    image), or refuses with a 400 naming the part; never a 5xx."""
     parts = [{"type": "text", "text": "What is this?"},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
     r = post("/chat/completions", {"model": model, "messages": [{"role": "user", "content": parts}], "max_tokens": 1})
+    if r.status_code == 200:
+        assert r.json()["choices"][0]["message"]["role"] == "assistant"
+        return
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"].startswith("messages[0].content") and error["message"] and error["type"]

@@ -52,7 +52,7 @@ class GenerationResource:
             req.env[ACCESS_LOG_KEY] = generation_log(cancel.generations)
 
         if request.stream:
-            resp.content_type = "text/event-stream"
+            resp.content_type = "text/event-stream; charset=utf-8"  # (SSE is UTF-8; naive clients need telling)
             resp.set_headers(HEADERS)
             beat = getattr(self.service, "keepalive_event", None)  # an API's own keep-alive event, if it has one
             resp.stream = sse_stream(self.service.stream(prepared, cancel), keepalive=self.sse_keepalive,

@@ -93,7 +93,7 @@ def test_n_predict_limits_and_stop_words_end_the_middle(qwen_server):
     ({"input_prefix": "x", "bogus_knob": 1}, "bogus_knob"),
     ({"input_prefix": "x", "n_predict": 4, "max_tokens": 4}, "n_predict"),
     ({"input_prefix": "x", "temperature": 9}, "temperature"),
-    ({"input_prefix": "x", "ignore_eos": True}, "ignore_eos"),
+    ({"input_prefix": "x", "ignore_eos": "yes"}, "ignore_eos"),
     ({"input_prefix": "x", "n_indent": -1}, "n_indent"),
 ])
 def test_bad_infill_requests_are_refused_by_name(qwen_server, body, param):

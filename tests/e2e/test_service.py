@@ -167,7 +167,7 @@ def test_one_log_line_per_request_with_tokens_and_timings(env_only_server):
     line = _log_line(log_path, "log-401")
     assert '" 401 ' in line and re.search(r" error=\w+$", line), line
     # an error's line ends with its code, the one the client's body shows
-    r = requests.post(base + "/v1/chat/completions", json={**body, "max_tokens": -1}, timeout=60,
+    r = requests.post(base + "/v1/chat/completions", json={**body, "max_tokens": -2}, timeout=60,
                       headers={**key, "X-Request-Id": "log-400"})
     assert r.status_code == 400, r.text
     line = _log_line(log_path, "log-400")

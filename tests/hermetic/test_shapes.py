@@ -187,3 +187,20 @@ def test_props_states_the_context_window_where_llama_vscode_reads_it(fake, clien
     # the engine's sequence slots (--parallel, 4 by default), as llama.cpp's --parallel reports them
     assert props["total_slots"] == len(fake.served.engine.slots) == 4
     assert props["modalities"] == {"vision": False, "audio": False}
+
+
+def test_a_stream_says_it_is_utf_8_so_naive_readers_keep_its_lines_whole(fake, client):
+    """requests decodes a text/* body without a charset as Latin-1: the UTF-8 of many letters
+    holds byte 0x85, which is then NEL, and str.splitlines (iter_lines) cut JSON lines there
+    (seen with Arabic in a tool call's arguments)."""
+    import json
+
+    import requests.utils
+
+    fake.script.reply("Hello", ["كأس العالم", " … ", "naïve"])
+    r = chat(client, stream=True)
+    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+    encoding = requests.utils.get_encoding_from_headers(r.headers)
+    lines = [line for line in r.content.decode(encoding).splitlines() if line.startswith("data: {")]
+    text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or "" for line in lines)
+    assert text == "كأس العالم … naïve"
