@@ -48,3 +48,14 @@ def test_other_parts_are_refused_by_name(part):
     with pytest.raises(APIError) as e:
         user(part)
     assert e.value.status == 400 and e.value.param.startswith("messages[0].content[0]")
+
+
+@pytest.mark.parametrize("value", [["none"], {"a": 1}, 1, "bogus"])
+def test_a_reasoning_format_that_is_not_one_of_its_names_is_a_400(value):
+    with pytest.raises(APIError) as e:
+        parse_chat_request({"messages": [{"role": "user", "content": "x"}], "reasoning_format": value})
+    assert e.value.status == 400 and e.value.param == "reasoning_format"
+
+
+def test_a_file_name_that_is_not_a_string_is_not_shown():
+    assert user({"type": "file", "file": {"filename": {"a": 1}}}) == "[file: not shown, this model reads text only]"

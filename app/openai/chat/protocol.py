@@ -80,7 +80,7 @@ REASONING_FORMATS = {"auto": True, "deepseek": True, "none": False}
 def _reasoning_format(value: Any) -> bool:
     if value is None:
         return True
-    if value not in REASONING_FORMATS:
+    if not isinstance(value, str) or value not in REASONING_FORMATS:
         raise invalid_value("reasoning_format", "'reasoning_format' must be one of "
                             + ", ".join(f"'{v}'" for v in REASONING_FORMATS))
     return REASONING_FORMATS[value]
@@ -152,7 +152,7 @@ UNREAD_PARTS = {"image_url": "image", "input_audio": "audio", "file": "file"}
 def _placeholder(kind: str, part: dict[str, Any]) -> str:
     inner = part.get("file") if isinstance(part.get("file"), dict) else {}
     name = inner.get("filename") or inner.get("file_id") if kind == "file" else None
-    return placeholder("chat", kind, UNREAD_PARTS[kind], str(name) if name else None)
+    return placeholder("chat", kind, UNREAD_PARTS[kind], name if isinstance(name, str) and name else None)
 
 
 def _content(where: str, role: str, content: Any, *, has_tool_calls: bool) -> str | None:
