@@ -35,6 +35,13 @@ FIELDS = {
                         {"type": "json_schema", "json_schema": {"schema": {"type": "object", "x-guidance": [1]}}}],
     "model": [5, ["a"], {"name": "x"}],  # any string is served (single-model server)
     "chat_template_kwargs": ["x", [1]],
+    # llama.cpp's fields (its web UI sends them to chat)
+    "reasoning_format": [["none"], {"a": 1}, 5, "bogus"],
+    "samplers": [{"a": 1}, "zz", [5], ["nope"]],
+    "cache_prompt": ["no", 1.5],
+    "ignore_eos": ["yes", [True]],
+    "typ_p": [0.5, [1]],
+    "repeat_penalty": ["x", -1],
     "unknown_field": [1],
 }
 BAD_MESSAGES = [
