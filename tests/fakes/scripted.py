@@ -59,6 +59,11 @@ ADDED = ("<tool_call>", "</tool_call>")  # Qwen-style tool markers: added (non-s
 # Qwen2.5-Coder's fill-in-the-middle tokens, for FakeModel(fim=True)
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 
+# ChatML whose generation prompt opens the thinking, as thinking models' templates do
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+
 # ChatML that offers tools in the system turn (Hermes wording) and writes an assistant's
 # calls back as <tool_call> blocks, like Qwen2.5's template does.
 TOOLS_TEMPLATE = (

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes.scripted import FakeModel
-
-# ChatML whose generation prompt opens the thinking, as thinking models' templates do
-THINKING_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
-
+from fakes.scripted import THINKING_TEMPLATE, FakeModel
 
 @pytest.fixture
 def thinker():
