@@ -71,7 +71,8 @@ class Cors:
         origin = req.get_header("Origin")
         if origin is None:
             return
-        if not self._allowed(req):
+        req.context.cors_allowed = self._allowed(req)  # (process_response reads the verdict)
+        if not req.context.cors_allowed:
             raise APIError(403, f"this server does not take requests from web pages at {origin}: start it with "
                            "--cors-origins naming that origin (or '*' for any), or set an API key",
                            code="origin_not_allowed")
@@ -86,7 +87,7 @@ class Cors:
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource, req_succeeded: bool) -> None:
         origin = req.get_header("Origin")
-        if origin is None or not self._allowed(req):
+        if origin is None or not getattr(req.context, "cors_allowed", False):
             return
         resp.set_header("Access-Control-Allow-Origin", origin)
         resp.set_header("Access-Control-Expose-Headers", EXPOSE_HEADERS)
