@@ -100,4 +100,3 @@ class HealthResource:
         resp.status = falcon.HTTP_200 if state.status == "ok" else falcon.HTTP_503
         resp.media = body
 
-    on_head = on_get  # load balancers' and uptime checks' HEAD: the same status, no body

@@ -31,6 +31,7 @@ from app.http.cancel import editor_key
 from app.http.chat import ChatService
 from app.http.cors import Cors
 from app.http.generation_resource import GenerationResource
+from app.http.head import Router as HeadRouter
 from app.openai import errors as openai_errors
 from app.openai.chat.routes import chat_completions_resource
 from app.openai.chat.serving import ChatCompletions
@@ -120,7 +121,7 @@ def model_app(settings: Settings, loader: Callable[[], ServedModel]) -> tuple[fa
     """One model's app and its state, the model loading in the background (build_app's, and each
     model's behind the router of --models-dir)."""
     state = ModelState()
-    router = falcon.routing.DefaultRouter()
+    router = HeadRouter()
     metrics = state.metrics = Metrics(lambda: state.model.engine if state.model else None)  # the router reads it
     middleware = [ObserveRequests(metrics, route_finder(router)), RequestId(), WriteTimeout(settings.write_timeout),
                   Cors(settings.cors_origins, any_origin=bool(settings.api_key))]

@@ -40,4 +40,3 @@ class ChatPageResource:
         resp.set_headers(HEADERS)
         resp.data = self.page
 
-    on_head = on_get

@@ -30,6 +30,7 @@ from app.http import errors
 from app.http.body import read_as_json, read_json, read_model_name
 from app.http.cors import Cors
 from app.http.errors import APIError, model_not_found
+from app.http.head import Router as HeadRouter
 from app.metrics import metrics_open
 from app.models.manifest import read_manifest
 from app.openai import errors as openai_errors
@@ -317,7 +318,7 @@ class Router:
         middleware: list = [RequestId(), self._cors]
         if self._auth is not None:
             middleware.append(self._auth)
-        app = falcon.App(middleware=middleware)
+        app = falcon.App(middleware=middleware, router=HeadRouter())
         app.req_options.strip_url_path_trailing_slash = True
         errors.install(app, openai_errors.envelope, anthropic_routes.error_envelopes())
         app.add_route("/health", _Health(self))
@@ -408,7 +409,6 @@ class _Health:
             resp.status = falcon.HTTP_503
         resp.media = body
 
-    on_head = on_get
 
 
 class _Metrics:

@@ -43,6 +43,22 @@ def test_unknown_route_and_method(server):
     assert_envelope(requests.get(server.base_url + "/v1/chat/completions", timeout=10), 405)
 
 
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/models", "/v1/models/{model}", "/props", "/slots",
+                                  "/metrics", "/"])
+def test_head_answers_as_get_does_without_a_body(server, path):
+    """Uptime monitors and `curl -I` probe with HEAD: the status and type a GET gets, no body."""
+    if "{model}" in path:
+        path = path.format(model=requests.get(server.base_url + "/v1/models", timeout=10).json()["data"][0]["id"])
+    got = requests.get(server.base_url + path, timeout=10)
+    head = requests.head(server.base_url + path, timeout=10)
+    assert got.status_code == 200, got.text
+    assert head.status_code == got.status_code and head.content == b""
+    assert head.headers["Content-Type"].split(";")[0] == got.headers["Content-Type"].split(";")[0]
+    # a route that answers no GET still says so
+    assert_envelope(requests.get(server.base_url + "/v1/chat/completions", timeout=10), 405)
+    assert requests.head(server.base_url + "/v1/chat/completions", timeout=10).status_code == 405
+
+
 def test_wrong_content_type(server):
     r = requests.post(server.base_url + "/v1/chat/completions", data="messages=hi",
                       headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=10)
