@@ -34,11 +34,10 @@ def check_token_list(tokens: list[int], limit: int, param: str) -> None:
             raise invalid_value(param, f"token id {token} is outside the vocabulary (size {limit})")
 
 
-def context_error(prompt_tokens: int, requested: int | None, context: int, *, param: str = "messages") -> APIError:
-    asked = f" plus {requested} requested tokens" if requested else ""
+def context_error(prompt_tokens: int, context: int, *, param: str = "messages") -> APIError:
     err = APIError(
         400,
-        f"this model's context holds {context} tokens; the prompt has {prompt_tokens}{asked}",
+        f"this model's context holds {context} tokens; the prompt has {prompt_tokens}",
         code="context_length_exceeded",
         param=param,
     )
@@ -49,19 +48,24 @@ def context_error(prompt_tokens: int, requested: int | None, context: int, *, pa
 def plan_generation(model: ServedModel, tokens: list[int], params: GenerationParams, *, param: str,
                     default_max_tokens: int | None = None, session_id: str | None = None,
                     report_progress: bool = False) -> GenerationRequest:
-    """The engine request for `tokens`, or a 400 when they and the max_tokens asked for don't fit.
+    """The engine request for `tokens`, or a 400 when the prompt leaves no room in the context.
 
-    Without max_tokens, generation runs for `default_max_tokens` (or until the
-    context is full), cut to the room the prompt leaves.
+    Without max_tokens, generation runs for `default_max_tokens` (or until the context is full),
+    cut to the room the prompt leaves. A max_tokens past that room is cut to it too, as llama.cpp
+    and Ollama do (finish_reason "length" there): agents ask 32,000 whatever the model (opencode
+    without a `limit`, Claude Code), and a refusal sent opencode into compacting a conversation
+    that fitted. With --context-shift generation may run past the context's end, so it is kept.
     """
     context = model.context_length
     wanted = params.max_tokens
     shift = model.engine.context_shift  # --context-shift: generation may run past the context's end
-    if len(tokens) >= context or (wanted is not None and not shift and len(tokens) + wanted > context):
-        raise context_error(len(tokens), wanted, context, param=param)
-    room = context - len(tokens)  # without max_tokens, generation stops at the context's end either way
+    if len(tokens) >= context:
+        raise context_error(len(tokens), context, param=param)
+    room = context - len(tokens)
     if wanted is None:
         wanted = min(default_max_tokens, room) if default_max_tokens is not None else room
+    elif not shift:
+        wanted = min(wanted, room)
     if model.max_tokens_cap > 0:  # the operator's limit: generation ends there, finish_reason "length"
         wanted = min(wanted, model.max_tokens_cap)
     sampling, stops = params.sampling, model.stop_token_ids

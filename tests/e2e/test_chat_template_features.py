@@ -147,10 +147,14 @@ def test_max_context_caps_the_served_context(reasoner):
     error = assert_error(chat(reasoner, messages=[{"role": "user", "content": long}], max_tokens=1),
                          400, "context_length_exceeded")
     assert "480" in error["message"]
-    # fits the .pte's 512 but not the 480 the server uses
-    error = assert_error(chat(reasoner, messages=[{"role": "user", "content": "Hi"}], max_tokens=470),
-                         400, "context_length_exceeded")
-    assert "480" in error["message"] and "470" in error["message"]
+    # a prompt that fits the .pte's 512 but not the 480 the server uses
+    error = assert_error(chat(reasoner, messages=[{"role": "user", "content": " ".join(["word"] * 470)}],
+                              max_tokens=1), 400, "context_length_exceeded")
+    assert "480" in error["message"] and 480 < int(error["message"].split("the prompt has ")[1].split()[0]) < 512
+    # max_tokens past the 480 is cut to the room left
+    r = chat(reasoner, messages=[{"role": "user", "content": "Hi"}], max_tokens=470)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["total_tokens"] <= 480
     tok = requests.post(reasoner.base_url + "/tokenize", json={"prompt": "hi"}, timeout=10).json()
     assert tok["max_model_len"] == 480
 
@@ -164,6 +168,33 @@ def test_no_think_is_the_default_and_a_request_can_turn_thinking_back_on(reasone
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
     assert message["content"] and "reasoning_content" not in message
+
+
+def test_clients_thinking_dialects_reach_the_template(reasoner):
+    """reasoning_effort (OpenAI), enable_thinking (Qwen, DashScope), thinking.type (DeepSeek, Z.ai):
+    accepted, and the template renders as they ask; a default effort does not undo --no-think."""
+    messages = [{"role": "user", "content": "Hi"}]
+    on, off = "<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    cases = [({"reasoning_effort": "high"}, off),  # --no-think stands: agents send an effort by default
+             ({"reasoning_effort": "none"}, off),
+             ({"enable_thinking": True}, on),
+             ({"thinking": {"type": "enabled"}}, on),
+             ({"thinking": {"type": "enabled"}, "enable_thinking": False}, off),
+             ({"reasoning_effort": "minimal", "enable_thinking": True}, on),
+             ({"enable_thinking": True, "chat_template_kwargs": {"enable_thinking": False}}, off)]
+    for extra, ending in cases:
+        assert prompt_of(reasoner, messages=messages, **extra).endswith(ending), extra
+    r = chat(reasoner, messages=messages, max_tokens=4, reasoning_effort="low")  # pi's and opencode's field
+    assert r.status_code == 200, r.text
+    for extra, param in [({"reasoning_effort": "hot"}, "reasoning_effort"), ({"enable_thinking": "yes"}, "enable_thinking"),
+                         ({"thinking": {"type": "maybe"}}, "thinking.type")]:
+        assert assert_error(chat(reasoner, messages=messages, **extra), 400, "invalid_value")["param"] == param
+    r = requests.post(reasoner.base_url + "/v1/responses", timeout=60,
+                      json={"input": "Hi", "max_output_tokens": 4, "reasoning": {"effort": "minimal"}})
+    assert r.status_code == 200 and r.json()["reasoning"]["effort"] == "minimal", r.text
+    r = requests.post(reasoner.base_url + "/v1/responses", timeout=60,
+                      json={"input": "Hi", "max_output_tokens": 4, "reasoning": {"effort": "turbo"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning.effort", r.text
 
 
 def test_raise_exception_is_a_400_with_the_templates_message(reasoner):

@@ -29,7 +29,6 @@ def assert_envelope(r: requests.Response, status: int, param: str | None = None)
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "bogus_field": 1}', 400, "bogus_field"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', 400, "messages"),
     (b'\xff\xfe{"messages": 1}', 400, None),
 ])
 def test_bad_chat_requests(server, body, status, param):

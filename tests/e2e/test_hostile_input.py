@@ -13,7 +13,7 @@ FIELDS = {
     "top_p": [-1, 1.5, "x", False],  # 0 is valid: the best token only
     "top_k": [-1, 1.5, "10", [3]],
     "min_p": [-0.5, 2, "0.1"],
-    "max_tokens": [0, -2, 10 ** 30, 1.5, "16", True],  # (-1: llama.cpp's "no limit", accepted)
+    "max_tokens": [0, -2, 1.5, "16", True],  # (-1: llama.cpp's "no limit", and 10 ** 30: cut to the context, accepted)
     "max_completion_tokens": [0, -7, "x"],
     "presence_penalty": [-3, 3, "x"],
     "frequency_penalty": [-2.5, 9, {}],

@@ -10,6 +10,7 @@ from app.http.errors import invalid_value
 from app.http.fields import Fields, message_list
 from app.http.llama_sampling import parse_llama_sampling
 from app.http.sessions import parse_session_id
+from app.http.thinking import effort_kwargs, switch_kwargs
 from app.text.unread import placeholder
 
 from ..stream_options import parse_stream
@@ -44,7 +45,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
     top_logprobs = f.integer("top_logprobs", 0, lo=0, hi=20)
     if top_logprobs and not logprobs:
         raise invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs': true")
-    template_kwargs = _template_kwargs(f.obj("chat_template_kwargs") or {})
+    # a client's ways of asking for thinking, weakest first: chat_template_kwargs has the last word
+    template_kwargs = (effort_kwargs(f.raw("reasoning_effort"), "reasoning_effort")
+                       | switch_kwargs(f.raw("enable_thinking"), f.raw("thinking"))
+                       | _template_kwargs(f.obj("chat_template_kwargs") or {}))
     return_progress = f.boolean("return_progress", False) and stream  # llama.cpp: only streams report it
     session_id = parse_session_id(f.raw("session_id"))
     for name in METADATA_FIELDS:
@@ -250,8 +254,7 @@ def _response_format(value: Any) -> ResponseFormat | None:
 
 # Known OpenAI parameters this server does not implement yet: refused by name
 # rather than silently ignored.
-NOT_SUPPORTED = ("audio", "modalities", "prediction",
-                 "reasoning_effort", "web_search_options", "functions", "function_call")
+NOT_SUPPORTED = ("audio", "modalities", "prediction", "web_search_options", "functions", "function_call")
 
 
 def _refuse_unknown(f: Fields) -> None:

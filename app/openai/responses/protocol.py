@@ -20,6 +20,7 @@ from app.http.errors import APIError, invalid_value
 from app.http.fields import Fields
 from app.http.generation_params import GenerationParams
 from app.http.sessions import parse_session_id
+from app.http.thinking import effort_kwargs
 from app.text.unread import placeholder
 
 log = logging.getLogger("etserve")
@@ -68,6 +69,7 @@ class ResponsesRequest:
     tool_refs: dict[str, "ToolRef"] = field(default_factory=dict)  # prompt name -> the client's tool
     logprobs: bool = False  # include "message.output_text.logprobs" (or top_logprobs asked for)
     top_logprobs: int = 0  # alternatives with each token's logprob (0-20)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # reasoning.effort's (app/http/thinking.py)
     owner: str | None = None  # the client (app/auth.py) whose stored responses this request may read
 
 
@@ -106,6 +108,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     reasoning = f.obj("reasoning")
     for key in ("effort", "summary", "generate_summary"):  # echoed in the response; strings when set
         validation.require_str((reasoning or {}).get(key), f"reasoning.{key}")
+    template_kwargs = effort_kwargs((reasoning or {}).get("effort"), "reasoning.effort")
     store = f.boolean("store", True)
     metadata = f.obj("metadata") or {}
     prompt_cache_key = parse_session_id(f.raw("prompt_cache_key"), "prompt_cache_key")
@@ -130,7 +133,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         previous_response_id=previous_response_id, metadata=metadata, prompt_cache_key=prompt_cache_key,
         user=user, service_tier=service_tier, truncation=truncation, echo_tools=echo_tools,
         echo_tool_choice=raw_choice if raw_choice is not None else "auto", session_id=prompt_cache_key,
-        tool_refs=tool_refs, logprobs=logprobs, top_logprobs=top_logprobs,
+        tool_refs=tool_refs, logprobs=logprobs, top_logprobs=top_logprobs, template_kwargs=template_kwargs,
     )
 
 

@@ -85,7 +85,7 @@ class Responses:
             stream=request.stream, include_usage=False, tools=request.tools,
             parallel_tool_calls=request.parallel_tool_calls, tool_choice=request.tool_choice,
             forced_tool=request.forced_tool, response_format=request.response_format, logprobs=request.logprobs,
-            top_logprobs=request.top_logprobs, n=1, template_kwargs={}, session_id=session_id)
+            top_logprobs=request.top_logprobs, n=1, template_kwargs=request.template_kwargs, session_id=session_id)
         try:
             chat = self.chat.prepare(chat_request)
         except APIError as e:
