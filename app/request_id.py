@@ -1,5 +1,5 @@
-"""Every response carries an X-Request-Id (the client's, when it sent a sane one), the Messages API's also
-Anthropic's Request-Id; logs name it too."""
+"""Every response carries an X-Request-Id (the client's, when it sent a sane one) and the same id as
+Anthropic's Request-Id, which the anthropic SDK reads (it calls /v1/models too); logs name it too."""
 
 from __future__ import annotations
 
@@ -16,5 +16,5 @@ class RequestId:
         given = req.get_header("X-Request-Id") or ""
         req.context.request_id = given if _SANE.match(given) else uuid.uuid4().hex
         resp.set_header("X-Request-Id", req.context.request_id)
-        if req.path.startswith("/v1/messages"):  # the anthropic SDK reads `request-id` (Anthropic's header)
-            resp.set_header("Request-Id", req.context.request_id)
+        # the anthropic SDK reads `request-id` (Anthropic's header): on /messages, /v1/models, every route
+        resp.set_header("Request-Id", req.context.request_id)

@@ -222,6 +222,7 @@ def _messages(value: Any) -> tuple[list[str], list[dict[str, Any]]]:
             out.append(_assistant_turn(where, m["content"], tool_names))
         else:
             raise invalid_value(f"{where}.role", f"'{where}.role' must be 'user' or 'assistant'")
+    out = _combined(out)
     if not out:
         raise invalid_value("messages", "'messages' needs at least one user or assistant message")
     last = out[-1]
@@ -231,6 +232,29 @@ def _messages(value: Any) -> tuple[list[str], list[dict[str, Any]]]:
         raise invalid_value(f"messages[{len(value) - 1}].content",
                             "final assistant content cannot end with trailing whitespace")
     return system, out
+
+
+def _combined(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive user turns, and consecutive assistant turns, as one (the Messages API's rule:
+    "consecutive user or assistant turns will be combined into a single turn"); so two assistant
+    messages at the end are one prefill. An assistant turn that made tool calls ends its turn."""
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        last = out[-1] if out else None
+        if last is not None and turn["role"] == last["role"] == "user":
+            last["content"] = "\n\n".join(t for t in (last["content"], turn["content"]) if t)
+        elif last is not None and turn["role"] == last["role"] == "assistant" and not last.get("tool_calls"):
+            merged = {"role": "assistant", "content": (last["content"] or "") + (turn["content"] or "")}
+            if turn.get("tool_calls"):
+                merged["tool_calls"] = turn["tool_calls"]
+                merged["content"] = merged["content"] or None
+            reasoning = [r for r in (last.get("reasoning_content"), turn.get("reasoning_content")) if r]
+            if reasoning:
+                merged["reasoning_content"] = "\n\n".join(reasoning)
+            out[-1] = merged
+        else:
+            out.append(dict(turn))
+    return out
 
 
 def _user_turn(where: str, content: Any, tool_names: dict[str, str]) -> list[dict[str, Any]]:

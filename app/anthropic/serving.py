@@ -43,6 +43,7 @@ class PreparedMessage:
     chat: PreparedChat
     id: str
     thinking_budget: int | None = None
+    context_bound: bool = False  # the context's room, not the request's max_tokens, bounds the output
 
 
 class BoundedThinking:
@@ -55,7 +56,6 @@ class BoundedThinking:
     def __init__(self, model, prepared: PreparedChat, budget: int | None, cancel: CancelToken):
         self.model, self.prepared, self.budget, self.cancel = model, prepared, budget, cancel
         self._over = False
-        self._thinking = True  # nothing but thinking has come out yet
         self._first = ChoicePipeline(model.engine.generate(prepared.generation, self._token()), model.tokenizer,
                                      prepared.output)
         self._last = self._first
@@ -73,17 +73,14 @@ class BoundedThinking:
         if self.cancel.cancelled:
             return True
         events = self._first.events
-        if self._thinking and len(events) >= self.budget \
+        if not self._over and len(events) >= self.budget and self._first.thinking \
                 and CLOSE_TAG not in self.model.tokenizer.decode([e.token_id for e in events[-16:]]):
             self._over = True  # (the tag just written, not yet seen as the answer's start: no cut)
         return self._over
 
     def __iter__(self) -> Iterator[Delta]:
-        for delta in self._first:
-            if not isinstance(delta, ReasoningDelta):
-                self._thinking = False
-            yield delta
-        if not (self._over and self._thinking and self._first.cancelled and not self.cancel.cancelled):
+        yield from self._first
+        if not (self._over and self._first.cancelled and not self.cancel.cancelled):
             return
         generation = self.prepared.generation
         end = self.model.tokenizer.encode(f"\n{CLOSE_TAG}\n\n", add_bos=False)
@@ -193,12 +190,12 @@ def thinking_signature(thinking: str) -> str:
     return "etserve:" + hashlib.sha256(thinking.encode("utf-8")).hexdigest()
 
 
-def stop_reason(pipeline: "ChoicePipeline | BoundedThinking") -> str | None:
+def stop_reason(pipeline: "ChoicePipeline | BoundedThinking", context_bound: bool = False) -> str | None:
     finish = pipeline.finish_reason
     if finish == "tool_calls":
         return "tool_use"
-    if finish == "length":
-        return "max_tokens"
+    if finish == "length":  # Anthropic's own reason when the context window, not max_tokens, ended it
+        return "model_context_window_exceeded" if context_bound else "max_tokens"
     if finish == "stop":
         return "stop_sequence" if pipeline.stop_sequence is not None else "end_turn"
     return None
@@ -239,7 +236,10 @@ class Messages:
         generation = prepared.generation
         if request.max_tokens is not None and request.max_tokens < generation.max_tokens:
             prepared = replace(prepared, generation=replace(generation, max_tokens=request.max_tokens))
-        return PreparedMessage(prepared, new_message_id(), request.thinking_budget)
+        room = self.model.context_length - len(generation.prompt)
+        context_bound = prepared.generation.max_tokens == room and not self.model.engine.context_shift \
+            and (request.max_tokens is None or request.max_tokens > room)
+        return PreparedMessage(prepared, new_message_id(), request.thinking_budget, context_bound)
 
     def count_tokens(self, request: MessagesRequest) -> dict[str, Any]:
         """The prompt's tokens: what a request with this body reads (input_tokens + cache_read_input_tokens)."""
@@ -252,7 +252,7 @@ class Messages:
         for delta in pipeline:
             blocks.push(delta)
         blocks.finish()
-        return shapes.message(prepared.id, self.model.id, blocks.blocks, stop_reason(pipeline),
+        return shapes.message(prepared.id, self.model.id, blocks.blocks, stop_reason(pipeline, prepared.context_bound),
                               pipeline.stop_sequence, usage(pipeline.stats))
 
     def keepalive_event(self, prepared: PreparedMessage):
@@ -272,5 +272,5 @@ class Messages:
         if pipeline.cancelled:
             return
         yield from blocks.finish()
-        yield shapes.message_delta(stop_reason(pipeline), pipeline.stop_sequence, usage(pipeline.stats))
+        yield shapes.message_delta(stop_reason(pipeline, prepared.context_bound), pipeline.stop_sequence, usage(pipeline.stats))
         yield shapes.message_stop()

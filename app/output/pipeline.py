@@ -99,6 +99,12 @@ class ChoicePipeline:
     def cancelled(self) -> bool:
         return self._text.finish_reason == "cancelled"
 
+    @property
+    def thinking(self) -> bool:
+        """The output read so far is inside the model's reasoning: decided by the text, not by the
+        deltas given out (the tool parser may hold an answer's text back for many tokens)."""
+        return self._splitter is not None and self._splitter.in_reasoning
+
     def __iter__(self) -> Iterator[Delta]:
         for text in self._text:
             if isinstance(text, PromptProgress):

@@ -50,6 +50,11 @@ class ReasoningSplitter:
         self._reasoning_out = False  # some reasoning was given out (later whitespace is kept)
         self.had_reasoning = started  # the output opened (or the prompt had opened) a reasoning block
 
+    @property
+    def in_reasoning(self) -> bool:
+        """The text so far ends inside an open reasoning block (what is held back counts)."""
+        return self._state == "reasoning"
+
     def push(self, text: str) -> Split:
         self._held += text
         reasoning, content = [], []

@@ -199,3 +199,21 @@ def test_content_blocks_stream_folds_to_the_whole_content():
     Message.model_validate({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
                             "content": blocks.blocks, "stop_reason": "tool_use", "stop_sequence": None,
                             "usage": {"input_tokens": 1, "output_tokens": 2}})
+
+
+def test_consecutive_turns_of_one_role_are_one_turn():
+    """Anthropic combines consecutive user (or assistant) turns into one: two assistant messages at
+    the end are one prefill; a turn that made tool calls still ends there."""
+    r = parse(messages=[{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}]},
+                        {"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}])
+    assert r.messages == [{"role": "user", "content": "a\n\nb"}, {"role": "assistant", "content": "xy"}]
+    call = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}
+    r = parse(messages=[{"role": "user", "content": "go"},
+                        {"role": "assistant", "content": [{"type": "text", "text": "Let me "}]},
+                        {"role": "assistant", "content": [{"type": "text", "text": "call."}, call]},
+                        {"role": "assistant", "content": "After."},
+                        {"role": "user", "content": [result]}, {"role": "user", "content": "thanks"}])
+    assert [(m["role"], m.get("content")) for m in r.messages] == [
+        ("user", "go"), ("assistant", "Let me call."), ("assistant", "After."), ("tool", "42"), ("user", "thanks")]
+    assert r.messages[1]["tool_calls"][0]["function"]["name"] == "f"

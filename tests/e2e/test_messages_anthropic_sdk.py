@@ -67,6 +67,7 @@ def test_create_returns_a_valid_message(client, server):
     Message.model_validate(raw.json())
     # Anthropic's request-id header, which the SDK exposes
     assert m._request_id and raw.headers["request-id"] == raw.headers["x-request-id"]
+    assert client.models.with_raw_response.list().request_id  # the SDK reads it on /v1/models too
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="m", max_tokens=0, messages=HELLO)
     assert e.value.request_id
@@ -144,8 +145,20 @@ def test_a_final_assistant_message_is_continued(client, server):
 def test_max_tokens_beyond_the_context_is_clamped_not_refused(client, server):
     context = served_model_info(server)["context_length"]
     m = client.messages.create(model="m", max_tokens=32000, messages=HELLO, extra_body=GREEDY)
-    assert m.stop_reason in ("end_turn", "max_tokens")
+    assert m.stop_reason in ("end_turn", "model_context_window_exceeded")
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens + m.usage.output_tokens <= context
+    # a prompt that leaves 6 tokens: the window, not max_tokens, ends the reply, and says so (the
+    # SDK's StopReason "model_context_window_exceeded"); a max_tokens inside the room is max_tokens
+    words = "one two three four five six seven eight nine ten " * 60
+    prompt = [{"role": "user", "content": "Go on counting: " + words}]
+    read = client.messages.count_tokens(model="m", messages=prompt).input_tokens
+    cut = max(0, context - 6 - read)
+    prompt = [{"role": "user", "content": "Go on counting: " + words[:len(words) - cut * 2]}]
+    while (read := client.messages.count_tokens(model="m", messages=prompt).input_tokens) > context - 6:
+        prompt[0]["content"] = prompt[0]["content"][:-20]
+    for asked, reason in ((32000, "model_context_window_exceeded"), (context - read - 1, "max_tokens")):
+        m = client.messages.create(model="m", max_tokens=asked, messages=prompt, extra_body=GREEDY)
+        assert m.stop_reason == reason and m.usage.output_tokens == min(asked, context - read), (m, read)
 
 
 def test_count_tokens_equals_the_prompt_a_request_reads(client):
@@ -260,6 +273,7 @@ def test_api_key_by_x_api_key_and_auth_errors(keyed_server):
     big = [{"role": "user", "content": "x" * 30000}]
     with pytest.raises(anthropic.APIStatusError) as e:
         ok.messages.create(model="m", max_tokens=2, messages=big)
+    # (the docs name request_too_large, but the SDK's ErrorResponse has no such type: its own wins)
     assert e.value.status_code == 413 and e.value.body["error"]["type"] == "invalid_request_error"
     ErrorResponse.model_validate(e.value.body)
 
