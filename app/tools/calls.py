@@ -103,12 +103,22 @@ class Judged:
     calls: list[Call] = field(default_factory=list)
 
 
+def declared_name(name: str, tools: Tools) -> Optional[str]:
+    """The declared tool a call names: its exact name, else the one tool whose name differs only in
+    case (small models write `Write` for opencode's `write`, `Read` for `read`), else None."""
+    if name in tools:
+        return name
+    folded = [t for t in tools if t.casefold() == name.casefold()]
+    return folded[0] if len(folded) == 1 else None
+
+
 def judge(calls: list[Optional[Call]], tools: Tools) -> Judged:
     if not calls or any(c is None for c in calls):
         return Judged(Verdict.INVALID)
-    if any(name not in tools for name, _ in calls):
+    named = [(declared_name(name, tools), args) for name, args in calls]  # type: ignore[misc]
+    if any(name is None for name, _ in named):
         return Judged(Verdict.UNDECLARED)
-    return Judged(Verdict.CALLS, calls)  # type: ignore[arg-type]
+    return Judged(Verdict.CALLS, named)  # type: ignore[arg-type]
 
 
 # What the scanner decides a stretch of text is.

@@ -215,6 +215,26 @@ def test_mixed_block_with_undeclared_tool_stays_content():
     assert summary(parse_tool_calls(text, TOOLS)) == (text, [])
 
 
+def test_a_name_off_only_in_case_calls_the_declared_tool():
+    """opencode's Qwen 0.5B wrote `Write` for the declared `write`: the one tool that differs only in
+    case is meant, and the call carries its declared name; two such tools leave it content."""
+    for text in ('```json\n{"name": "Search", "arguments": {"query": "x"}}\n```',
+                 '<tool_call>{"name": "SEARCH", "arguments": {"query": "x"}}</tool_call>',
+                 '<function=Search><parameter=query>x</parameter></function>'):
+        got = parse_tool_calls(text, TOOLS)
+        assert [(c.name, json.loads(c.arguments)) for c in got.tool_calls] == [("search", {"query": "x"})], text
+        streamed = StreamingToolParser(TOOLS)
+        deltas = [d for piece in text for d in streamed.push(piece)] + list(streamed.finish())
+        assert [d.name for d in deltas if isinstance(d, ToolCallStart)] == ["search"], text
+    # the XML form's values are coerced by the declared tool's schema
+    text = "<function=Get_Weather><parameter=city>Oslo</parameter><parameter=days>3</parameter></function>"
+    assert [(c.name, json.loads(c.arguments)) for c in parse_tool_calls(text, TOOLS).tool_calls] == [
+        ("get_weather", {"city": "Oslo", "days": 3})]
+    ambiguous = [fn("search"), fn("Search")]
+    text = '<tool_call>{"name": "SEARCH", "arguments": {}}</tool_call>'
+    assert summary(parse_tool_calls(text, ambiguous)) == (text, [])
+
+
 def test_xml_coercion_fallbacks():
     text = ("<function=set_thermostat><parameter=temperature>warm</parameter><parameter=eco>False</parameter>"
             "<parameter=days>4.0</parameter><parameter=schedule>{'mon': [7]}</parameter>"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..calls import Call, Drop, Judged, Segment, Tools, judge, segments_of
+from ..calls import Call, Drop, Judged, Segment, Tools, declared_name, judge, segments_of
 from ..coerce import coerce_value
 
 FUNC_OPEN = "<function="
@@ -64,7 +64,7 @@ def judge_xml(text: str, tools: Tools, *, closed: bool = True) -> Judged:
             break
         body = text[gt + 1:end if end != -1 else len(text)]
         pos = end + len(FUNC_CLOSE) if end != -1 else len(text)
-        calls.append((name, _params(body, tools.get(name) or {})))
+        calls.append((name, _params(body, tools.get(declared_name(name, tools) or name) or {})))
     return judge(calls, tools)
 
 
