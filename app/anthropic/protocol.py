@@ -78,7 +78,7 @@ def _parse(body: Any, *, counting: bool) -> MessagesRequest:
         raise APIError(400, "the request body must be a JSON object", code="invalid_request")
     f = Fields(body)
     model = f.string("model", None)
-    max_tokens = f.integer("max_tokens", None, lo=1)
+    max_tokens = f.integer("max_tokens", None, lo=0)  # 0: read the prompt into the cache, write nothing
     if max_tokens is None and not counting:
         raise APIError(400, "'max_tokens' is required", code="missing_required_parameter", param="max_tokens")
     system = _system_text("system", f.raw("system"), strip_billing=True)

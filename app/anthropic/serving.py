@@ -44,6 +44,7 @@ class PreparedMessage:
     id: str
     thinking_budget: int | None = None
     context_bound: bool = False  # the context's room, not the request's max_tokens, bounds the output
+    warm_only: bool = False  # max_tokens 0: the prompt is read into the cache (Anthropic's pre-warming), no reply
 
 
 class BoundedThinking:
@@ -234,6 +235,9 @@ class Messages:
                 raise APIError(400, message, code=e.code, param=e.param) from None
             raise
         generation = prepared.generation
+        if request.max_tokens == 0:  # pre-warming: one token is the engine's least, and is not kept
+            return PreparedMessage(replace(prepared, generation=replace(generation, max_tokens=1)), new_message_id(),
+                                   warm_only=True)
         if request.max_tokens is not None and request.max_tokens < generation.max_tokens:
             prepared = replace(prepared, generation=replace(generation, max_tokens=request.max_tokens))
         room = self.model.context_length - len(generation.prompt)
@@ -241,12 +245,23 @@ class Messages:
             and (request.max_tokens is None or request.max_tokens > room)
         return PreparedMessage(prepared, new_message_id(), request.thinking_budget, context_bound)
 
+    def _warm(self, prepared: PreparedMessage, cancel: CancelToken) -> tuple[GenerationStats, bool]:
+        """Read a pre-warming request's prompt into the cache: (its usage, nothing written; cancelled)."""
+        pipeline = ChoicePipeline(self.model.engine.generate(prepared.chat.generation, cancel), self.model.tokenizer,
+                                  prepared.chat.output)
+        for _ in pipeline:
+            pass
+        return replace(pipeline.stats, completion_tokens=0), pipeline.cancelled
+
     def count_tokens(self, request: MessagesRequest) -> dict[str, Any]:
         """The prompt's tokens: what a request with this body reads (input_tokens + cache_read_input_tokens)."""
         check_model(self.model, request.model)
         return shapes.token_count(len(self.chat.prompt(self.chat_request(request)).tokens))
 
     def complete(self, prepared: PreparedMessage, cancel: CancelToken) -> dict[str, Any]:
+        if prepared.warm_only:
+            stats, _ = self._warm(prepared, cancel)
+            return shapes.message(prepared.id, self.model.id, [], "max_tokens", None, usage(stats))
         pipeline = BoundedThinking(self.model, prepared.chat, prepared.thinking_budget, cancel)
         blocks = ContentBlocks()
         for delta in pipeline:
@@ -265,6 +280,12 @@ class Messages:
         yield shapes.message_start(shapes.message(prepared.id, self.model.id, [], None, None,
                                                   shapes.usage(prompt_tokens, 0, 0)))
         yield shapes.ping()
+        if prepared.warm_only:
+            stats, cancelled = self._warm(prepared, cancel)
+            if not cancelled:
+                yield shapes.message_delta("max_tokens", None, usage(stats))
+                yield shapes.message_stop()
+            return
         pipeline = BoundedThinking(self.model, prepared.chat, prepared.thinking_budget, cancel)
         blocks = ContentBlocks()
         for delta in pipeline:

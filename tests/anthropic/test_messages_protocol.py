@@ -138,7 +138,7 @@ def test_count_tokens_takes_no_max_tokens():
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f"}]}]},
      "messages[0].content[0]"),
     ({"max_tokens": 8, "messages": USER, "temperature": 1.5}, "temperature"),
-    ({"max_tokens": 0, "messages": USER}, "max_tokens"),
+    ({"max_tokens": -1, "messages": USER}, "max_tokens"),
     ({"max_tokens": 8, "messages": USER, "frequency_penalty": 1}, "frequency_penalty"),
     ({"max_tokens": 8, "messages": USER, "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"max_tokens": 8, "messages": USER, "tools": [{"name": "f", "input_schema": {}}],

@@ -69,7 +69,7 @@ def test_create_returns_a_valid_message(client, server):
     assert m._request_id and raw.headers["request-id"] == raw.headers["x-request-id"]
     assert client.models.with_raw_response.list().request_id  # the SDK reads it on /v1/models too
     with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(model="m", max_tokens=0, messages=HELLO)
+        client.messages.create(model="m", max_tokens=-1, messages=HELLO)
     assert e.value.request_id
 
 
@@ -159,6 +159,20 @@ def test_max_tokens_beyond_the_context_is_clamped_not_refused(client, server):
     for asked, reason in ((32000, "model_context_window_exceeded"), (context - read - 1, "max_tokens")):
         m = client.messages.create(model="m", max_tokens=asked, messages=prompt, extra_body=GREEDY)
         assert m.stop_reason == reason and m.usage.output_tokens == min(asked, context - read), (m, read)
+
+
+def test_max_tokens_0_warms_the_cache_and_writes_nothing(client, server):
+    """Anthropic's pre-warming: max_tokens 0 reads the prompt into the cache and answers no content;
+    the same prompt's next request reads it from there."""
+    prompt = [{"role": "user", "content": f"{uuid.uuid4().hex}: name three rivers of Europe."}]
+    m = client.messages.create(model="m", max_tokens=0, messages=prompt)
+    assert m.content == [] and m.stop_reason == "max_tokens" and m.usage.output_tokens == 0
+    read = m.usage.input_tokens + m.usage.cache_read_input_tokens
+    events = sse(post(server, {"model": "m", "max_tokens": 0, "messages": prompt, "stream": True}))
+    assert [e for e, _ in events] == ["message_start", "ping", "message_delta", "message_stop"]
+    assert events[2][1]["delta"]["stop_reason"] == "max_tokens" and events[2][1]["usage"]["output_tokens"] == 0
+    m = client.messages.create(model="m", max_tokens=4, messages=prompt, extra_body=GREEDY)
+    assert m.usage.cache_read_input_tokens >= read - 1 and m.content, m.usage
 
 
 def test_count_tokens_equals_the_prompt_a_request_reads(client):
