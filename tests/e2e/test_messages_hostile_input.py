@@ -10,7 +10,7 @@ import requests
 
 OK_MSG = [{"role": "user", "content": "hi"}]
 FIELDS = {
-    "max_tokens": [0, -1, 1.5, "16", True, None],
+    "max_tokens": [-1, 1.5, "16", True, None],  # (0: pre-warming, accepted)
     "temperature": [-0.1, 1.5, "hot", True, [1], 1e400],
     "top_p": [-1, 1.5, "x", False],  # 0 is valid: the best token only
     "top_k": [-1, 1.5, "10", [3]],
