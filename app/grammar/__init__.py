@@ -3,8 +3,12 @@ tokenizer into per-step token masks that the native sampler applies."""
 
 from .compiler import Grammar, GrammarCompiler, GrammarError, TokenMatcher
 from .formats import json_grammar, json_rule, output_grammar
+from .lazy import DISARM, LazyGrammar, LazyMatcher
 
 __all__ = [
+    "DISARM",
+    "LazyGrammar",
+    "LazyMatcher",
     "Grammar",
     "GrammarCompiler",
     "GrammarError",

@@ -79,6 +79,10 @@ class GrammarCompiler:
             return f"<[{self._added[text]}]>"
         return json.dumps(text)
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the added token spelled `text`, if the tokenizer has one."""
+        return self._added.get(text)
+
     @classmethod
     def from_file(cls, path: str | Path, vocab_size: int, eos_ids: Iterable[int]) -> GrammarCompiler:
         return cls(Path(path).read_text(encoding="utf-8"), vocab_size, eos_ids)

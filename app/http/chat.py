@@ -20,7 +20,7 @@ from app.text.chat_template import TemplateError
 from app.text.reasoning import prompt_opens_reasoning
 from app.tools import calls_as_text, template_supports_tools, with_tools_system_prompt
 
-from .constraints import output_constraint
+from .constraints import lazy_calls, output_constraint
 from .errors import APIError
 from .generation_params import GenerationParams, check_token_ids
 from .planning import check_model, choice_generation, plan_generation
@@ -145,6 +145,8 @@ class ChatService:
         if self.model.engine.context_shift:  # --context-shift keeps the system turn (unless --keep says)
             generation = replace(generation, keep=self._system_tokens(request, tokens))
         constraint = output_constraint(request, self.model.grammars)
+        if constraint is None and not self.model.reasoning:  # (a model's thinking may mention a call)
+            constraint = lazy_calls(request, self.model.grammars, self.model.tokenizer)
         if constraint is not None:
             generation = replace(generation, constraint=constraint)
         # A grammar shapes the whole output (no room to think first), so a constrained one is never split.

@@ -6,15 +6,21 @@ response_format.
 - response_format json_object / json_schema: a JSON value (an object, or one that
   validates against the schema); with tools offered and tool_choice "auto", tool
   calls remain the alternative.
+- tools offered with tool_choice "auto": the output is free until the model begins a call (the
+  format's open tag, or a bare JSON call naming a tool); the call is then held to the tools'
+  schemas (lazy_calls: app/grammar/lazy.py), as llama.cpp's lazy grammars do.
 - otherwise no constraint: the output is free and the tool parser reads it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Union
 
-from app.grammar import Grammar, GrammarCompiler, GrammarError, json_grammar, output_grammar
+from app.grammar import DISARM, Grammar, GrammarCompiler, GrammarError, LazyGrammar, json_grammar, output_grammar
+from app.grammar.lazy import Disarm
+from app.text.tokenizer import Tokenizer
 from app.tools import hermes
+from app.tools.formats import json_call
 
 from .errors import invalid_value
 
@@ -68,3 +74,74 @@ def _compile(compiler: GrammarCompiler, lark: str, param: str) -> Grammar:
     except GrammarError as e:
         raise invalid_value(param, f"'{param}' cannot be enforced: {e}") from None
 
+
+
+def lazy_calls(request: ChatRequest, compiler: GrammarCompiler, tokenizer: Tokenizer) -> LazyGrammar | None:
+    """For tools offered with tool_choice "auto" (and no response_format): a grammar that holds
+    a call to the tools' schemas from where the model begins it. None when nothing is offered,
+    or when a schema cannot be enforced (auto never refused one: that output stays free)."""
+    tools = request.tools or []
+    if not tools or request.tool_choice != "auto" or request.response_format is not None:
+        return None
+    try:
+        tagged = compiler.compile(output_grammar(_calls(compiler, tools, parallel=request.parallel_tool_calls)))
+        bare = compiler.compile(output_grammar(json_call.grammar(tools)))
+    except GrammarError:
+        return None
+    names = [t["function"]["name"] for t in tools]
+    return LazyGrammar([_OpenTag(tagged, compiler.token_id(hermes.OPEN), tokenizer), _BareCall(bare, names, tokenizer)])
+
+
+_Verdict = Union[tuple[Grammar, int], Disarm, None]
+
+
+class _OpenTag:
+    """Fires where the model writes the format's open tag: one token (Qwen's `<tool_call>`), or
+    several ending it (then from the token where it begins; a tag begun inside a token with other
+    text is left free)."""
+
+    def __init__(self, grammar: Grammar, token_id: int | None, tokenizer: Tokenizer):
+        self.grammar, self.token_id, self.tokenizer = grammar, token_id, tokenizer
+
+    def fire(self, tokens: list[int]) -> _Verdict:
+        if self.token_id is not None:
+            return (self.grammar, len(tokens) - 1) if tokens[-1] == self.token_id else None
+        tail = tokens[-8:]
+        if hermes.OPEN not in self.tokenizer.decode(tail):
+            return None
+        for k in range(len(tokens) - 1, len(tokens) - len(tail) - 1, -1):
+            if self.tokenizer.decode(tokens[k:]).startswith(hermes.OPEN):
+                return self.grammar, k
+        return DISARM
+
+
+class _BareCall:
+    """Fires when the output opens with a bare (or fenced) JSON call that has named one of the
+    tools: the grammar then takes the output from its first token and holds the arguments to that
+    tool's schema. The name is the model's own: holding it to the tools would pick one the model
+    did not mean, and run it (held from the name's first letter, Qwen 0.5B asked "What is 2+2?"
+    called get_weather, and `get_news` became get_weather); a name no tool has stays text.
+    Disarmed by anything else at the start, or after its first 32 tokens."""
+
+    LIMIT = 32
+
+    def __init__(self, grammar: Grammar, names: list[str], tokenizer: Tokenizer):
+        self.grammar, self.names, self.tokenizer = grammar, names, tokenizer
+
+    def fire(self, tokens: list[int]) -> _Verdict:
+        if len(tokens) > self.LIMIT:
+            return DISARM
+        text = self.tokenizer.decode(tokens).lstrip()
+        if not text:
+            return None
+        if text[0] not in "{`":
+            return DISARM
+        started = json_call.CALL_START.match(text)
+        if started is None:
+            return None  # ("{", "```js", '{"na': it may yet be one)
+        name, closed = started.group(1), started.group(2)
+        if closed:
+            return (self.grammar, 0) if name in self.names else DISARM
+        if any(n.startswith(name) for n in self.names):
+            return None  # (the name is still being written)
+        return DISARM

@@ -65,6 +65,46 @@ def test_varied_tool_prompts_give_valid_calls(client, model):
     assert rate >= 0.65, misses
 
 
+FAN_AND_WEATHER = [
+    {"type": "function", "function": {"name": "set_fan", "description": "Set the fan", "strict": True, "parameters": {
+        "type": "object", "properties": {"level": {"type": "integer", "minimum": 1, "maximum": 5},
+                                         "mode": {"type": "string", "enum": ["eco", "turbo"]}},
+        "required": ["level", "mode"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_calls_are_held_to_the_tools_schemas(client, model, stream):
+    """tool_choice "auto" (strict or not): the output is free until the model has begun a call to
+    one of the tools, then its arguments are held to that tool's schema (app/grammar/lazy.py).
+    Free, greedy Qwen 0.5B wrote set_fan {"level": 7.5, "mode": "super"}, {"level": 3, "mode":
+    "quiet"} and get_weather {"city": "Rome", "unit": "kelvin"} for these three asks."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in FAN_AND_WEATHER}
+    asks = ["Set the fan to level 7.5 in super mode.", "Fan to 3, quiet please", "Weather in Rome in kelvin",
+            "Hi! How are you?"]
+    found = []
+    for ask in asks:
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": ask}],
+                                           tools=FAN_AND_WEATHER, temperature=0, max_tokens=80, stream=stream)
+        if stream:
+            deltas = [c.choices[0].delta for c in r if c.choices]
+            names = [d.tool_calls[0].function.name for d in deltas if d.tool_calls and d.tool_calls[0].function.name]
+            arguments = "".join(d.tool_calls[0].function.arguments or "" for d in deltas if d.tool_calls)
+            content = "".join(d.content or "" for d in deltas)
+            calls = [(names[0], arguments)] if names else []
+        else:
+            message = r.choices[0].message
+            content = message.content or ""
+            calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        found.append((ask, calls, content))
+    for ask, calls, _ in found[:3]:
+        assert len(calls) == 1, found
+        jsonschema.validate(json.loads(calls[0][1]), schemas[calls[0][0]])
+    assert not found[3][1] and found[3][2].strip(), found[3]  # prose stays free
+
+
 def test_tool_choice_required_20_of_20(client):
     assert_valid_calls(tool_choices(client, "required", total=20))
 

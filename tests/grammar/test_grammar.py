@@ -142,3 +142,47 @@ def test_tool_parameters_with_defs_and_refs_are_enforced(compiler, tokenizer):
 def test_an_x_guidance_that_is_no_object_is_a_grammar_error():
     with pytest.raises(GrammarError):
         json_grammar({"type": "object", "x-guidance": "abc"})
+
+
+# --- lazy tool-call grammars (tool_choice "auto") ------------------------------------------
+
+LAZY_TOOLS = [{"type": "function", "function": {"name": "set_fan", "parameters": {
+    "type": "object", "properties": {"level": {"type": "integer"}, "mode": {"type": "string", "enum": ["eco", "turbo"]}},
+    "required": ["level", "mode"]}}}]
+
+
+def _lazy(compiler, tokenizer):
+    from app.http.chat import ChatRequest
+    from app.http.constraints import lazy_calls
+    from app.engine import SamplingParams
+    from app.http.generation_params import GenerationParams
+    params = GenerationParams(sampling=SamplingParams(), max_tokens=None, stop=())
+    request = ChatRequest(model=None, messages=[], params=params, stream=False, include_usage=False,
+                          tools=LAZY_TOOLS, parallel_tool_calls=True, tool_choice="auto", forced_tool=None,
+                          response_format=None, logprobs=False, top_logprobs=0, n=1, template_kwargs={})
+    return lazy_calls(request, compiler, tokenizer)
+
+
+def _feed(matcher, tokenizer, text: str) -> None:
+    for token in tokenizer.encode(text):
+        matcher.accept(token)
+
+
+@pytest.mark.parametrize("text, held", [
+    ("Sure, here you go.", False),                                   # prose: never held
+    ('{"answer": 42}', False),                                       # another object
+    ('{"name": "Write", "arguments": {', False),                     # a name no tool has: text
+    ('{"name": "set_fan", "arguments": {"level": 3', True),          # a tool's: held
+    ('```json\n{\n  "name": "set_fan",\n  "arguments": {\n    "level": 3', True),  # fenced, pretty
+    ("<tool_call>\n", True),                                         # the format's open tag
+])
+def test_a_lazy_grammar_holds_only_a_begun_call(compiler, tokenizer, text, held):
+    matcher = _lazy(compiler, tokenizer).matcher()
+    assert matcher.allowed() is None
+    _feed(matcher, tokenizer, text)
+    assert matcher.active is held
+    if held:  # from here the schema holds: an invented key or a mode outside the enum is refused
+        with pytest.raises(GrammarError):
+            _feed(matcher, tokenizer, ', "speed": 1')
+    else:
+        assert matcher.allowed() is None

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from app.grammar.formats import json_rule
 
 from ..calls import Drop, Judged, Segment, Tools, declared_tools, segments_of
-from .json_call import judge_json, json_values
+from .json_call import call_schema, judge_json, json_values
 from .qwen_xml import FUNC_OPEN, judge_xml
 
 OPEN = "<tool_call>"
@@ -96,30 +96,13 @@ def calls_as_text(calls: list[dict[str, Any]]) -> str:
         for c in calls)
 
 
-_DEFS = ("$defs", "definitions")
-
-
-def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
-    """One call's JSON: the parameters' `$defs` (pydantic's nested models) lifted to this schema's
-    root, where their `#/$defs/...` references point once the parameters sit under `arguments`."""
-    arguments = dict(parameters) if isinstance(parameters, dict) else {"type": "object"}
-    defs = {k: arguments.pop(k) for k in _DEFS if k in arguments}
-    return {
-        **defs,
-        "type": "object",
-        "properties": {"name": {"const": name}, "arguments": arguments},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
-
-
 def grammar(tools: list[dict[str, Any]], *, parallel: bool, open_tag: str = f'"{OPEN}"',
             close_tag: str = f'"{CLOSE}"') -> dict[str, str]:
     """Lark rules for one call (several with `parallel`) to one of `tools` (OpenAI tool objects),
     each call's arguments validating against that tool's parameter schema. The tags are Lark
     terminals: GrammarCompiler.literal(OPEN) gives the right one for a tokenizer (a token id where
     the tag is one token)."""
-    schemas = [_call_schema(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    schemas = [call_schema(t["function"]["name"], t["function"].get("parameters")) for t in tools]
     # one JSON document per tool, so that each tool's references resolve in its own schema
     calls = {f"call_json_{i}": json_rule(schema) for i, schema in enumerate(schemas)}
     return {

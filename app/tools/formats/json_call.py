@@ -9,6 +9,7 @@ import re
 from enum import Enum
 from typing import Any, Optional
 
+from app.grammar.formats import json_rule
 from app.validation import MAX_DEPTH, STRICT_DECODER, depth
 
 from ..calls import Call, Calls, Judged, Segment, Text, Tools, Verdict, call_from_obj, judge
@@ -113,3 +114,41 @@ def read_bare(buf: str, final: bool, tools: Tools) -> tuple[Bare, list[Call]]:
 
 
 READERS = {FENCE: read_fence}
+
+
+_DEFS = ("$defs", "definitions")
+
+
+def call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """One call's JSON: the parameters' `$defs` (pydantic's nested models) lifted to this schema's
+    root, where their `#/$defs/...` references point once the parameters sit under `arguments`."""
+    arguments = dict(parameters) if isinstance(parameters, dict) else {"type": "object"}
+    defs = {k: arguments.pop(k) for k in _DEFS if k in arguments}
+    return {
+        **defs,
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+# A bare call as far as it is written (maybe fenced): its name so far, and the quote closing it.
+# What starts a lazy grammar (app/grammar/lazy.py) once that name begins a tool's. Only the
+# name-first form: the one the grammar below writes.
+CALL_START = re.compile(r'(?:```(?:json)?[ \t]*\n)?\{\s*"name"\s*:\s*"([^"\\]*)(")?')
+# Whitespace a bare call may hold (models pretty-print it), bounded: never a run to max_tokens.
+_LOOSE = {"whitespace_flexible": True, "item_separator": ",", "key_separator": ":",
+          "whitespace_pattern": r"[ \t]{0,8}(\n[ \t]{0,16}){0,2}"}
+
+
+def grammar(tools: list[dict[str, Any]]) -> dict[str, str]:
+    """Lark rules for one bare call (maybe fenced) to one of `tools`, its arguments validating
+    against the tool's parameter schema, in the whitespace the model chose."""
+    schemas = [call_schema(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    calls = {f"bare_json_{i}": json_rule({**schema, "x-guidance": _LOOSE}) for i, schema in enumerate(schemas)}
+    return {
+        "bare_call": r'/[ \t\n]{0,8}/ (bare_json | ("```json\n" | "```\n") bare_json "\n```")',
+        "bare_json": " | ".join(calls),
+        **calls,
+    }
