@@ -183,6 +183,32 @@ def test_forced_function_call_round_trip(client):
     assert third.usage.input_tokens == second.usage.input_tokens
 
 
+def test_item_references_name_stored_output_items(client):
+    """The AI SDK (store on, its default) sends an earlier turn's output back as item references:
+    they read as the items themselves; an id not kept here is OpenAI's 404 'Item ... not found'."""
+    first = client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[WEATHER],
+                                    tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60,
+                                    temperature=0)
+    (call,) = [i for i in first.output if i.type == "function_call"]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 degrees."}
+    whole = client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": "What is the weather in Paris?"}, call.model_dump(exclude_none=True),
+                            result], tools=[WEATHER], tool_choice="none", max_output_tokens=30, temperature=0, store=False)
+    referred = client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": "What is the weather in Paris?"},
+                            {"type": "item_reference", "id": call.id}, result],
+        tools=[WEATHER], tool_choice="none", max_output_tokens=30, temperature=0)
+    assert referred.usage.input_tokens == whole.usage.input_tokens and referred.output_text == whole.output_text
+    # an assistant message's id too, in a later turn
+    (message,) = [i for i in referred.output if i.type == "message"]
+    later = client.responses.create(model=MODEL, max_output_tokens=8, input=[
+        {"role": "user", "content": "Hi"}, {"type": "item_reference", "id": message.id}, {"role": "user", "content": "Thanks"}])
+    assert later.status in ("completed", "incomplete")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_nope"}])
+    assert e.value.body["code"] == "item_not_found" and e.value.body["param"] == "input[0].id"
+
+
 def test_forced_call_streams_arguments_that_concatenate(server):
     events = raw_events(server, {"input": "Weather in Oslo?", "tools": [WEATHER], "tool_choice": "required",
                                  "max_output_tokens": 60, "temperature": 0})
@@ -250,7 +276,7 @@ def test_store_false_is_not_kept(client):
     ({"background": True}, "background"),
     ({"temperature": 3}, "temperature"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference"}]}, "input[0].id"),
     ({"input": "word " * 3000}, "input"),
 ])
 def test_errors_name_the_field(client, extra, param):
@@ -269,3 +295,20 @@ def test_json_schema_text_format_is_enforced(client):
                                 text={"format": {"type": "json_schema", "name": "pick", "schema": schema,
                                                  "strict": True}})
     assert isinstance(json.loads(r.output_text)["color"], str)
+
+
+def test_fields_the_agent_sdks_send_are_taken(client, server):
+    """The Agents SDK's and the AI SDK's settings send these; each changes nothing here (docs/api.md)."""
+    r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, max_tool_calls=3,
+                                extra_body={"prompt_cache_options": {}})
+    assert r.status in ("completed", "incomplete")
+    streamed = requests.post(server.base_url + "/v1/responses", timeout=60, json={
+        "input": "Hi", "max_output_tokens": 4, "stream": True, "stream_options": {"include_obfuscation": False}})
+    assert streamed.status_code == 200 and "event: response.created" in streamed.text, streamed.text[:300]
+    chat = requests.post(server.base_url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "verbosity": "low",
+        "prompt_cache_retention": "24h", "prompt_cache_options": {}})
+    assert chat.status_code == 200, chat.text
+    bad = requests.post(server.base_url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "verbosity": "loud"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "verbosity"

@@ -90,7 +90,7 @@ def test_input_items_become_chat_messages():
     ({"input": "x", "background": True}, "background"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_video"}]}]}, "input[0].content[0]"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference"}]}, "input[0].id"),
     ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": 5}]}, "input[0]"),
     ({"input": [{"type": "local_shell_call_output", "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),

@@ -75,10 +75,13 @@ def test_every_handled_item_type_is_accepted(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSED))
-def test_every_other_item_type_is_refused_by_name(kind):
+def test_item_references_are_left_to_the_store(kind):
+    """An item_reference is resolved from the stored responses (serving.py), then read."""
+    r = parse_responses_request({"input": [{"role": "user", "content": "a"}, REFUSED[kind]]})
+    assert r.messages == [] and r.referring_input[1] == REFUSED[kind]
     with pytest.raises(APIError) as e:
-        parse_responses_request({"input": [REFUSED[kind]]})
-    assert e.value.status == 400 and e.value.param == "input[0].type" and kind in e.value.message
+        parse_responses_request({"input": [{"type": "item_reference", "id": 5}]})
+    assert e.value.status == 400 and e.value.param == "input[0].id"
 
 
 @pytest.mark.parametrize("kind", sorted(PARTS))

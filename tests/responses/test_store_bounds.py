@@ -40,3 +40,22 @@ def test_a_client_sees_only_its_own_entries():
     assert store.get("resp_1", "alice") is not None
     assert store.get("resp_1", "bob") is None and store.get("resp_1") is None
     assert not store.delete("resp_1", "bob") and store.get("resp_1", "alice") is not None
+
+
+def test_output_items_are_found_by_id_while_their_response_is_kept():
+    def entry(i: int, owner: str | None = None) -> StoredResponse:
+        output = [{"id": f"msg_{i}", "type": "message", "role": "assistant", "content": []},
+                  {"id": f"fc_{i}", "type": "function_call", "call_id": f"call_{i}", "name": "f", "arguments": "{}"}]
+        return StoredResponse({"id": f"resp_{i}", "output": output}, [], None, owner)
+
+    store = ResponseStore(max_entries=2)
+    store.put(entry(1))
+    store.put(entry(2, owner="alice"))
+    assert store.item("fc_1")["call_id"] == "call_1" and store.item("msg_1")["type"] == "message"
+    assert store.item("msg_2") is None and store.item("msg_2", "alice")["id"] == "msg_2"  # another's is unknown
+    store.put(entry(3))  # resp_1 is evicted, and its items with it
+    assert store.item("fc_1") is None and store.item("fc_3") is not None
+    store.delete("resp_3")
+    assert store.item("fc_3") is None and store.item("nope") is None
+    store.put(entry(2, owner="alice"))  # replaced: still found once
+    assert store.item("fc_2", "alice")["id"] == "fc_2"

@@ -21,7 +21,8 @@ STRING_FIELDS = ("name", "tool_call_id", "reasoning_content")
 MAX_CHOICES = 8
 
 # Fields OpenAI treats as bookkeeping: accepted, and they change nothing.
-METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+                   "prompt_cache_retention", "prompt_cache_options")
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -53,6 +54,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
     session_id = parse_session_id(f.raw("session_id"))
     for name in METADATA_FIELDS:
         f.raw(name)
+    # gpt-5's answer length hint (the Agents SDK's and the AI SDK's settings send it): no model
+    # here was trained on it, so like Responses' text.verbosity it is taken and changes nothing
+    if f.raw("verbosity") not in (None, "low", "medium", "high"):
+        raise invalid_value("verbosity", "'verbosity' must be 'low', 'medium' or 'high'")
     _refuse_unknown(f)
     return ChatRequest(
         model=model,

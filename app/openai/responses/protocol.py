@@ -32,10 +32,13 @@ TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_te
 # Accepted and without effect (bookkeeping, or options of OpenAI's own service).
 BOOKKEEPING = ("metadata", "client_metadata", "user", "service_tier", "truncation", "include",
                "safety_identifier", "prompt_cache_retention")
+# max_tool_calls bounds calls to built-in tools (OpenAI's reference), which this server does not
+# run: met by construction. stream_options holds only include_obfuscation: padding on delta events
+# against side channels on OpenAI's network, which changes no content; none is sent either way.
 # Known Responses parameters this server does not implement: refused by name unless
 # absent or at their "off" value.
-NOT_SUPPORTED = ("background", "conversation", "prompt", "max_tool_calls",
-                 "context_management", "stream_options", "moderation", "image", "access_programs",
+NOT_SUPPORTED = ("background", "conversation", "prompt",
+                 "context_management", "moderation", "image", "access_programs",
                  "background_options", "prompt_cache_options")
 # Tool types etserve cannot run: accepted (clients such as Codex always send some) and left
 # out of the prompt. Anything that is not a function tool is treated so.
@@ -71,6 +74,9 @@ class ResponsesRequest:
     top_logprobs: int = 0  # alternatives with each token's logprob (0-20)
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # reasoning.effort's (app/http/thinking.py)
     owner: str | None = None  # the client (app/auth.py) whose stored responses this request may read
+    # `input` as sent, when it holds item references: the serving side resolves them from the
+    # store, then reads the items (messages is empty until then)
+    referring_input: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,9 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     previous_response_id = f.string("previous_response_id", None)
     raw_tools = f.array("tools") or []
     tools, echo_tools, tool_refs = _tools(raw_tools)
-    messages = input_messages(f.raw("input"), prompt_names(tool_refs))
+    raw_input = f.raw("input")
+    referring = _referring(raw_input)
+    messages = [] if referring else input_messages(raw_input, prompt_names(tool_refs))
     max_output_tokens = f.integer("max_output_tokens", None, lo=1)
     sampling = SamplingParams(temperature=f.number("temperature", 1.0, lo=0.0, hi=2.0),
                               top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0))
@@ -124,6 +132,12 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     logprobs = "message.output_text.logprobs" in include or top_logprobs > 0
     for name in BOOKKEEPING:
         f.raw(name)
+    f.integer("max_tool_calls", None, lo=1)
+    stream_options = f.obj("stream_options") or {}
+    if set(stream_options) - {"include_obfuscation"}:
+        raise invalid_value("stream_options", "'stream_options' holds only 'include_obfuscation' here")
+    if not isinstance(stream_options.get("include_obfuscation", False), bool):
+        raise invalid_value("stream_options.include_obfuscation", "'include_obfuscation' must be a boolean")
     _refuse_unknown(f)
     return ResponsesRequest(
         model=model, messages=messages, instructions=instructions, params=params, stream=stream,
@@ -134,7 +148,22 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         user=user, service_tier=service_tier, truncation=truncation, echo_tools=echo_tools,
         echo_tool_choice=raw_choice if raw_choice is not None else "auto", session_id=prompt_cache_key,
         tool_refs=tool_refs, logprobs=logprobs, top_logprobs=top_logprobs, template_kwargs=template_kwargs,
+        referring_input=raw_input if referring else None,
     )
+
+
+def _referring(value: Any) -> bool:
+    """Whether `input` holds item references (`{"type": "item_reference", "id": ...}`), each
+    checked for its id here; the store resolves them (serving.py)."""
+    if not isinstance(value, list) or len(value) > MAX_ITEMS:
+        return False  # (input_messages says what is wrong)
+    found = False
+    for i, item in enumerate(value):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            if not isinstance(item.get("id"), str) or not item["id"]:
+                raise invalid_value(f"input[{i}].id", "an item_reference needs a string 'id'")
+            found = True
+    return found
 
 
 # ---- input ---------------------------------------------------------------------------------
@@ -142,7 +171,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
 # Every input item type of the Responses API reference, by what becomes of it here. Calls and
 # their outputs become the model's tool turns; what hosted tools (which this server does not
 # run) did in a conversation begun elsewhere becomes a short note; compaction items become
-# text. Only references to items stored elsewhere cannot be read, and are refused by name.
+# text. Item references are resolved from the store first (the items of the responses kept
+# here: what the AI SDK sends for an earlier turn's output when `store` is on).
 CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call", "shell_call", "apply_patch_call",
               "computer_call", "mcp_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output", "shell_call_output",
@@ -151,7 +181,7 @@ NOTE_ITEMS = ("web_search_call", "file_search_call", "image_generation_call", "c
               "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "tool_search_call",
               "tool_search_output")
 TEXT_ITEMS = ("compaction", "compaction_summary")
-REFUSED_ITEMS = {"item_reference": "item references are not supported: send the item itself"}
+REFUSED_ITEMS = {"item_reference": "an item reference is resolved before the items are read"}
 # Content parts the model cannot read (it has no vision or audio): a short placeholder, and a warning.
 PLACEHOLDER_PARTS = ("input_image", "input_file", "input_audio", "image_url", "image", "file", "audio")
 
@@ -453,9 +483,13 @@ def _function(where: str, tool: dict[str, Any], ref: ToolRef, name: str) -> dict
         if parameters is not None and not isinstance(parameters, dict):
             raise invalid_value(f"{where}.parameters", "a function tool's 'parameters' must be a JSON schema object")
         parameters = parameters or {"type": "object", "properties": {}}
-    function: dict[str, Any] = {"name": name, "parameters": parameters}
+    # name, description, parameters: the order chat's tools come in and templates print them in.
+    # With the description after the parameters, Qwen 0.5B named calls by the parameters'
+    # pydantic title (`get_weather_args`) in 2 of 2 Agents SDK runs; in this order, as on chat, not.
+    function: dict[str, Any] = {"name": name}
     if description:
         function["description"] = description
+    function["parameters"] = parameters
     return function
 
 

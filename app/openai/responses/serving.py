@@ -72,7 +72,7 @@ class Responses:
             if previous is None:
                 raise previous_not_found(request.previous_response_id)
             history = list(previous.history)
-        history += request.messages
+        history += self._messages(request)
         if not any(m["role"] != "system" for m in history):
             raise APIError(400, "'input' holds no message to answer", code="invalid_value", param="input")
         response_id = f"resp_{uuid.uuid4().hex}"
@@ -93,6 +93,23 @@ class Responses:
                 e.param = "input"
             raise
         return PreparedResponse(request, chat, history, response_id, int(time.time()), session_id)
+
+    def _messages(self, request: ResponsesRequest) -> list[dict[str, Any]]:
+        """The input as chat messages, its item references resolved from the store (OpenAI's
+        'Item with id ... not found.' for one it does not hold)."""
+        if request.referring_input is None:
+            return request.messages
+        items = []
+        for i, item in enumerate(request.referring_input):
+            if isinstance(item, dict) and item.get("type") == "item_reference":
+                found = self.store.item(item["id"], request.owner)
+                if found is None:
+                    raise APIError(404, f"Item with id '{item['id']}' not found. (This server keeps the items of "
+                                        "the most recent responses created with store true.)",
+                                   code="item_not_found", param=f"input[{i}].id")
+                item = found
+            items.append(item)
+        return items_to_messages(items, "input", prompt_names(request.tool_refs))
 
     def complete(self, prepared: PreparedResponse, cancel: CancelToken) -> dict[str, Any]:
         """The last event's response: the fold of the stream's events (an error is raised as such)."""

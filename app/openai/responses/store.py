@@ -47,6 +47,7 @@ class ResponseStore:
         self.max_entries = max(0, int(max_entries))
         self.max_bytes = None if max_bytes is None else max(0, int(max_bytes))
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()  # oldest first
+        self._items: dict[str, str] = {}  # an output item's id -> the response holding it
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -74,14 +75,32 @@ class ResponseStore:
             key = entry.response["id"]
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old.nbytes
+                self._forget(old)
             self._entries[key] = entry
             self._bytes += nbytes
+            for item in _output_items(entry):
+                self._items[item["id"]] = key
             while self._entries and (len(self._entries) > self.max_entries
                                      or (self.max_bytes is not None and self._bytes > self.max_bytes)):
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
+                self._forget(evicted)
         return True
+
+    def _forget(self, entry: StoredResponse) -> None:
+        self._bytes -= entry.nbytes
+        key = entry.response["id"]
+        for item in _output_items(entry):
+            if self._items.get(item["id"]) == key:
+                del self._items[item["id"]]
+
+    def item(self, item_id: str, owner: str | None = None) -> dict[str, Any] | None:
+        """An output item of a stored response (what an item_reference names), if `owner` created it."""
+        with self._lock:
+            key = self._items.get(item_id)
+            entry = self._entries.get(key) if key is not None else None
+            if entry is None or entry.owner != owner:
+                return None
+            return next((i for i in _output_items(entry) if i["id"] == item_id), None)
 
     def get(self, response_id: str, owner: str | None = None) -> StoredResponse | None:
         """The entry, if `owner` created it (another client's id is as unknown as a wrong one)."""
@@ -98,5 +117,9 @@ class ResponseStore:
             if entry is None or entry.owner != owner:
                 return False
             del self._entries[response_id]
-            self._bytes -= entry.nbytes
+            self._forget(entry)
             return True
+
+
+def _output_items(entry: StoredResponse) -> list[dict[str, Any]]:
+    return [i for i in entry.response.get("output") or () if isinstance(i, dict) and isinstance(i.get("id"), str)]
