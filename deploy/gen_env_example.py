@@ -17,7 +17,7 @@ from app.settings import SETTINGS  # noqa: E402
 
 # Read outside app/settings.py (by gunicorn's config, the runtime or the model tools), with their defaults.
 EXTRA = (
-    ("ETSERVE_LOG_LEVEL", "info", "gunicorn's log level (debug, info, warning, error)"),
+    ("ETSERVE_LOG_LEVEL", "info", "gunicorn's log level (debug, info, warning, error); etserve's own lines are logged at info whatever it says"),
     ("ETSERVE_CACHE", "", "where built models live, in models/NAME/VARIANT/ (default ~/.cache/etserve)"),
     ("ETSERVE_NATIVE_LIB", "", "the native runtime library to load (default: the one in the installed package, "
                                "else native/build in the checkout)"),
