@@ -163,15 +163,17 @@ def test_max_tokens_beyond_the_context_is_clamped_not_refused(client, server):
 
 def test_max_tokens_0_warms_the_cache_and_writes_nothing(client, server):
     """Anthropic's pre-warming: max_tokens 0 reads the prompt into the cache and answers no content;
-    the same prompt's next request reads it from there."""
+    the same prompt's next request reads it from there. (With Claude Code's session metadata, as
+    it would send it: an anonymous slot's cache is the first the idle-cache budget cuts.)"""
     prompt = [{"role": "user", "content": f"{uuid.uuid4().hex}: name three rivers of Europe."}]
-    m = client.messages.create(model="m", max_tokens=0, messages=prompt)
+    meta = claude_metadata(uuid.uuid4().hex)
+    m = client.messages.create(model="m", max_tokens=0, messages=prompt, metadata=meta)
     assert m.content == [] and m.stop_reason == "max_tokens" and m.usage.output_tokens == 0
     read = m.usage.input_tokens + m.usage.cache_read_input_tokens
-    events = sse(post(server, {"model": "m", "max_tokens": 0, "messages": prompt, "stream": True}))
+    events = sse(post(server, {"model": "m", "max_tokens": 0, "messages": prompt, "stream": True, "metadata": meta}))
     assert [e for e, _ in events] == ["message_start", "ping", "message_delta", "message_stop"]
     assert events[2][1]["delta"]["stop_reason"] == "max_tokens" and events[2][1]["usage"]["output_tokens"] == 0
-    m = client.messages.create(model="m", max_tokens=4, messages=prompt, extra_body=GREEDY)
+    m = client.messages.create(model="m", max_tokens=4, messages=prompt, extra_body=GREEDY, metadata=meta)
     assert m.usage.cache_read_input_tokens >= read - 1 and m.content, m.usage
 
 
