@@ -9,6 +9,8 @@ vocabulary: far beyond what a hand-written matcher would do well.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable
 
@@ -71,6 +73,12 @@ class GrammarCompiler:
         eos = sorted(set(eos_ids))
         self._tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)
         self._added = {t["content"]: t["id"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
+        # Grammars already validated, by their Lark text: an agent sends the same tools with every
+        # request (Claude Code's dozen take ~12 ms to compile, on the greenlet that serves everyone).
+        self._compiled: OrderedDict[str, Grammar | GrammarError] = OrderedDict()
+        self._lock = threading.Lock()
+
+    CACHED = 32  # grammars kept (a tool list's Lark text is tens of kB)
 
     def literal(self, text: str) -> str:
         """`text` as a Lark terminal. A tokenizer's added token (Qwen's `<tool_call>`) is matched
@@ -89,9 +97,28 @@ class GrammarCompiler:
 
     def compile(self, lark: str) -> Grammar:
         """Validate a Lark grammar; a schema feature llguidance would not enforce is an error
-        too (its warnings name what it would ignore), never a silent fallback."""
-        source = LLMatcher.grammar_from_lark(lark)
+        too (its warnings name what it would ignore), never a silent fallback. The last CACHED
+        results (errors too) are kept: the same text compiles once."""
+        with self._lock:
+            done = self._compiled.get(lark)
+            if done is not None:
+                self._compiled.move_to_end(lark)
+        if done is None:
+            done = self._validate(lark)
+            with self._lock:
+                self._compiled[lark] = done
+                while len(self._compiled) > self.CACHED:
+                    self._compiled.popitem(last=False)
+        if isinstance(done, GrammarError):
+            raise GrammarError(*done.args)
+        return done
+
+    def _validate(self, lark: str) -> Grammar | GrammarError:
+        try:
+            source = LLMatcher.grammar_from_lark(lark)
+        except ValueError as e:  # llguidance's own parse errors
+            return GrammarError(str(e))
         is_error, messages = LLMatcher.validate_grammar_with_warnings(source, self._tokenizer)
         if is_error or messages:
-            raise GrammarError("; ".join(messages) or "invalid grammar")
+            return GrammarError("; ".join(messages) or "invalid grammar")
         return Grammar(self._tokenizer, source)

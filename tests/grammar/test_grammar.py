@@ -186,3 +186,21 @@ def test_a_lazy_grammar_holds_only_a_begun_call(compiler, tokenizer, text, held)
             _feed(matcher, tokenizer, ', "speed": 1')
     else:
         assert matcher.allowed() is None
+
+
+def test_the_same_grammar_compiles_once_and_its_verdict_is_kept(model_dir, tokenizer):
+    """An agent sends the same tools with every request: their grammar is validated once (the
+    same Grammar comes back), an unenforceable one is refused every time, and only the last
+    CACHED grammars are kept."""
+    compiler = GrammarCompiler.from_file(model_dir / "tokenizer.json", tokenizer.vocab_size, tokenizer.eos_token_ids)
+    lark = output_grammar(tool_calls_grammar([WEATHER, TIME], parallel=False))
+    first = compiler.compile(lark)
+    assert compiler.compile(lark) is first
+    assert walk(compiler, tokenizer, lark, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>')[0]
+    bad = output_grammar(json_grammar({"type": "string", "pattern": "(?=a)b"}))
+    for _ in range(2):
+        with pytest.raises(GrammarError):
+            compiler.compile(bad)
+    for n in range(GrammarCompiler.CACHED):
+        compiler.compile(output_grammar(json_grammar({"type": "string", "maxLength": n + 1})))
+    assert compiler.compile(lark) is not first  # pushed out by as many newer ones
