@@ -7,10 +7,16 @@ from typing import Any
 
 
 def open_gguf(path: Path):
-    """A ``gguf.GGUFReader`` over ``path`` (memory-mapped)."""
-    import gguf
+    """The GGUF at ``path`` (memory-mapped) as ``gguf.GGUFReader`` gives it: ``gguf_header.GgufFile``,
+    or the reader itself for a file that one does not read (a big-endian GGUF)."""
+    from .gguf_header import GgufFile
 
-    return gguf.GGUFReader(str(path))
+    try:
+        return GgufFile(path)
+    except ValueError:
+        import gguf
+
+        return gguf.GGUFReader(str(path))
 
 
 def read_metadata(reader) -> dict[str, Any]:

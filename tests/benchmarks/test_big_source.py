@@ -23,10 +23,10 @@ def test_size_from_the_header_alone(name):
     with open(path, "rb") as f:
         head = f.read(16 << 20)  # the header and tensor table, not the data
     assert gguf_size(head) == path.stat().st_size
-    from gguf import GGUFReader
+    from app.models.gguf_header import GgufFile  # read as the gguf package reads it (tests/models/test_gguf_reader.py)
 
     start, tensors = tensor_table(head)
-    reader = GGUFReader(path)
+    reader = GgufFile(path)
     assert [(t[0], t[3] + start, t[4]) for t in tensors] == [
         (t.name, int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
 

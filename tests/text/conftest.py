@@ -58,10 +58,9 @@ def _gguf_path(name: str, work: Path) -> Path:
 
 
 def _context_length(gguf_file: Path, arch: str) -> int:
-    from gguf import GGUFReader
+    from app.models.gguf_header import read_header
 
-    field = GGUFReader(gguf_file).fields[f"{arch}.context_length"]
-    return int(field.parts[field.data[0]][0])
+    return int(read_header(gguf_file).metadata[f"{arch}.context_length"])
 
 
 def _build(name: str, dest: Path) -> None:
