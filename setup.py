@@ -101,8 +101,12 @@ def build_native(dest: Path, pin: str) -> None:
         shutil.rmtree(work / sub, ignore_errors=True)
         shutil.copytree(NATIVE / sub, work / sub)
     shutil.copy2(NATIVE / "Makefile", work / "Makefile")
-    env = dict(os.environ, CXXFLAGS=cxxflags, CXX=cxx)
-    subprocess.run(["make", "-C", str(work), "--no-print-directory", "build/libetserve.so",
+    # On every core, as a make of its own: a calling make's job slots (MAKEFLAGS) do not pass through
+    # pip to here, and a sub-make that inherits MAKEFLAGS without them runs one job at a time (a
+    # fresh wheel's three kernel tiers: 45 s, against 25 s on two cores).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.update(CXXFLAGS=cxxflags, CXX=cxx)
+    subprocess.run(["make", "-C", str(work), "--no-print-directory", f"-j{os.cpu_count() or 1}", "build/libetserve.so",
                     f"PYTHON={sys.executable}", f"ET_DIR={et_dir}", "RPATH=\\$$ORIGIN"],
                    check=True, env=env)
     library = work / "build" / "libetserve.so"
