@@ -5,6 +5,7 @@ builds this machine cannot load run too: cross-built for aarch64 and run under q
 that `make test` installs (the top Makefile's system-packages)."""
 
 import shutil
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,12 @@ NATIVE = Path(__file__).resolve().parents[2] / "native"
 
 
 def make_check(*args, timeout=600, target="check"):
-    proc = subprocess.run(["make", "-C", str(NATIVE), "--no-print-directory", f"PYTHON={sys.executable}",
-                           *args, target], capture_output=True, text=True, timeout=timeout)
+    # on every core, as a make of its own: under `make test` the environment holds the top make's
+    # MAKEFLAGS without its job slots, which would hold this one to a job at a time
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(["make", "-C", str(NATIVE), "--no-print-directory", f"-j{os.cpu_count() or 1}",
+                           f"PYTHON={sys.executable}", *args, target], capture_output=True, text=True,
+                          timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc.stdout
 
