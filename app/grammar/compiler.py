@@ -8,9 +8,8 @@ vocabulary: far beyond what a hand-written matcher would do well.
 
 from __future__ import annotations
 
+import functools
 import json
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable
 
@@ -75,8 +74,7 @@ class GrammarCompiler:
         self._added = {t["content"]: t["id"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
         # Grammars already validated, by their Lark text: an agent sends the same tools with every
         # request (Claude Code's dozen take ~12 ms to compile, on the greenlet that serves everyone).
-        self._compiled: OrderedDict[str, Grammar | GrammarError] = OrderedDict()
-        self._lock = threading.Lock()
+        self._validated = functools.lru_cache(maxsize=self.CACHED)(self._validate)
 
     CACHED = 32  # grammars kept (a tool list's Lark text is tens of kB)
 
@@ -99,16 +97,7 @@ class GrammarCompiler:
         """Validate a Lark grammar; a schema feature llguidance would not enforce is an error
         too (its warnings name what it would ignore), never a silent fallback. The last CACHED
         results (errors too) are kept: the same text compiles once."""
-        with self._lock:
-            done = self._compiled.get(lark)
-            if done is not None:
-                self._compiled.move_to_end(lark)
-        if done is None:
-            done = self._validate(lark)
-            with self._lock:
-                self._compiled[lark] = done
-                while len(self._compiled) > self.CACHED:
-                    self._compiled.popitem(last=False)
+        done = self._validated(lark)
         if isinstance(done, GrammarError):
             raise GrammarError(*done.args)
         return done
