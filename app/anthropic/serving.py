@@ -20,7 +20,8 @@ from app.http.chat import ChatRequest, ChatService, PreparedChat
 from app.http.errors import APIError
 from app.http.planning import check_model
 from app.http.sse import Named
-from app.output import ChoicePipeline, ContentDelta, Delta, ReasoningDelta, ToolArgumentsDelta, ToolCallStart
+from app.output import (ChoicePipeline, ContentDelta, Delta, PromptProgress, ReasoningDelta, ToolArgumentsDelta,
+                        ToolCallStart)
 from app.text.reasoning import CLOSE_TAG
 
 from . import shapes
@@ -206,6 +207,12 @@ def usage(stats: GenerationStats) -> dict[str, Any]:
     return shapes.usage(stats.prompt_tokens, stats.cached_tokens, stats.completion_tokens)
 
 
+def warm_usage(stats: GenerationStats) -> dict[str, Any]:
+    """A pre-warming request's usage: its prompt read, nothing written (the token the engine
+    sampled after it is not output)."""
+    return shapes.usage(stats.prompt_tokens, stats.cached_tokens, 0)
+
+
 class Messages:
     def __init__(self, chat: ChatService):
         self.chat = chat
@@ -245,13 +252,9 @@ class Messages:
             and (request.max_tokens is None or request.max_tokens > room)
         return PreparedMessage(prepared, new_message_id(), request.thinking_budget, context_bound)
 
-    def _warm(self, prepared: PreparedMessage, cancel: CancelToken) -> tuple[GenerationStats, bool]:
-        """Read a pre-warming request's prompt into the cache: (its usage, nothing written; cancelled)."""
-        pipeline = ChoicePipeline(self.model.engine.generate(prepared.chat.generation, cancel), self.model.tokenizer,
-                                  prepared.chat.output)
-        for _ in pipeline:
-            pass
-        return replace(pipeline.stats, completion_tokens=0), pipeline.cancelled
+    def _warm(self, chat: PreparedChat, cancel: CancelToken) -> ChoicePipeline:
+        """Read a pre-warming request's prompt into the cache: its pipeline, which writes nothing."""
+        return ChoicePipeline(self.model.engine.generate(chat.generation, cancel), self.model.tokenizer, chat.output)
 
     def count_tokens(self, request: MessagesRequest) -> dict[str, Any]:
         """The prompt's tokens: what a request with this body reads (input_tokens + cache_read_input_tokens)."""
@@ -260,8 +263,10 @@ class Messages:
 
     def complete(self, prepared: PreparedMessage, cancel: CancelToken) -> dict[str, Any]:
         if prepared.warm_only:
-            stats, _ = self._warm(prepared, cancel)
-            return shapes.message(prepared.id, self.model.id, [], "max_tokens", None, usage(stats))
+            pipeline = self._warm(prepared.chat, cancel)
+            for _ in pipeline:
+                pass
+            return shapes.message(prepared.id, self.model.id, [], "max_tokens", None, warm_usage(pipeline.stats))
         pipeline = BoundedThinking(self.model, prepared.chat, prepared.thinking_budget, cancel)
         blocks = ContentBlocks()
         for delta in pipeline:
@@ -275,22 +280,42 @@ class Messages:
         return shapes.ping
 
     def stream(self, prepared: PreparedMessage, cancel: CancelToken) -> Iterator[Named]:
-        """message_start, ping, each block's start / deltas / stop, message_delta, message_stop."""
-        prompt_tokens = len(prepared.chat.generation.prompt)
-        yield shapes.message_start(shapes.message(prepared.id, self.model.id, [], None, None,
-                                                  shapes.usage(prompt_tokens, 0, 0)))
-        yield shapes.ping()
-        if prepared.warm_only:
-            stats, cancelled = self._warm(prepared, cancel)
-            if not cancelled:
-                yield shapes.message_delta("max_tokens", None, usage(stats))
-                yield shapes.message_stop()
-            return
-        pipeline = BoundedThinking(self.model, prepared.chat, prepared.thinking_budget, cancel)
+        """message_start, ping, each block's start / deltas / stop, message_delta, message_stop.
+
+        message_start goes out once the request has its slot and the engine knows how much of the
+        prompt its KV cache already holds (the first PromptProgress, before the prompt is read), so
+        that its usage splits the prompt into input_tokens and cache_read_input_tokens as
+        Anthropic's does; until then the stream's keep-alive pings."""
+        chat = replace(prepared.chat, generation=replace(prepared.chat.generation, report_progress=True))
+        pipeline = self._warm(chat, cancel) if prepared.warm_only else \
+            BoundedThinking(self.model, chat, prepared.thinking_budget, cancel)
+        prompt_tokens = len(chat.generation.prompt)
+        started = False
+
+        def start(cached: int) -> Iterator[Named]:
+            nonlocal started
+            started = True
+            yield shapes.message_start(shapes.message(prepared.id, self.model.id, [], None, None,
+                                                      shapes.usage(prompt_tokens, cached, 0)))
+            yield shapes.ping()
+
         blocks = ContentBlocks()
         for delta in pipeline:
-            yield from blocks.push(delta)
+            if isinstance(delta, PromptProgress):  # (a thinking budget's answer reports its own: dropped)
+                if not started:
+                    yield from start(delta.cache)
+                continue
+            if not started:
+                yield from start(pipeline.stats.cached_tokens)
+            if not prepared.warm_only:
+                yield from blocks.push(delta)
         if pipeline.cancelled:
+            return
+        if not started:
+            yield from start(pipeline.stats.cached_tokens)
+        if prepared.warm_only:
+            yield shapes.message_delta("max_tokens", None, warm_usage(pipeline.stats))
+            yield shapes.message_stop()
             return
         yield from blocks.finish()
         yield shapes.message_delta(stop_reason(pipeline, prepared.context_bound), pipeline.stop_sequence, usage(pipeline.stats))

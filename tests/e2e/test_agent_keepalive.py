@@ -74,3 +74,20 @@ def test_a_waiting_messages_stream_sends_ping_events(ka_server):
     names = [n for n, _ in got]
     first_block = names.index("content_block_start")
     assert names[:first_block].count("ping") >= 3 and names[-1] == "message_stop", names
+
+
+def test_the_anthropic_sdk_reads_the_waiting_stream(ka_server):
+    """While it waits for the engine the Messages stream's pings come before message_start (which
+    waits for the prompt's place in the KV cache, for its usage): the SDK reads them as Anthropic's
+    own and builds the message."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=ka_server.base_url, api_key="x", max_retries=0, timeout=300)
+    with Occupier(ka_server) as occ:
+        occ.release_after(2.5)
+        with client.messages.stream(model="m", max_tokens=8, extra_body={"temperature": 0},
+                                    messages=[{"role": "user", "content": "Say hello."}]) as stream:
+            kinds = [e.type for e in stream]
+            final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+    assert final.content and final.usage.output_tokens > 0

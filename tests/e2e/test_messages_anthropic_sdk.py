@@ -177,6 +177,24 @@ def test_max_tokens_0_warms_the_cache_and_writes_nothing(client, server):
     assert m.usage.cache_read_input_tokens >= read - 1 and m.content, m.usage
 
 
+def test_message_start_splits_the_prompt_into_input_and_cache_read(server):
+    """message_start's usage is Anthropic's: the prompt's tokens the KV cache already held are
+    cache_read_input_tokens there, as in the closing message_delta, not only at the end."""
+    prompt = [{"role": "user", "content": f"{uuid.uuid4().hex}: name three rivers of Europe."}]
+    body = {"model": "m", "max_tokens": 4, "messages": prompt, "stream": True,
+            "metadata": claude_metadata(uuid.uuid4().hex), **GREEDY}
+    splits = []
+    for _ in range(2):
+        events = sse(post(server, body))
+        assert [n for n, _ in events[:2]] == ["message_start", "ping"] and events[-1][0] == "message_stop"
+        start, end = events[0][1]["message"]["usage"], events[-2][1]["usage"]
+        split = lambda u: (u["input_tokens"], u["cache_read_input_tokens"])  # noqa: E731
+        assert split(start) == split(end), (start, end)
+        splits.append(split(start))
+    (fresh_input, _), (again_input, again_read) = splits
+    assert again_read > 0 and again_input + again_read == fresh_input + splits[0][1], splits
+
+
 def test_count_tokens_equals_the_prompt_a_request_reads(client):
     body = dict(messages=[{"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}],
                 system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}])
