@@ -39,7 +39,7 @@ help:
 	@echo "make model   build \$$MODEL (default $(MODEL)) into the cache, \$$ETSERVE_CACHE/models (no runtime: make setup model)"
 	@echo "make test-model   the models the tests serve (the default one, $(TEST_MODEL) and $(GEMMA3_MODEL))"
 	@echo "make system-packages   the Debian packages the tests drive: $(SYSTEM_PACKAGES)"
-	@echo "make agents  Codex CLI, Claude Code and opencode from npm into $(AGENTS_DIR) (bin: node_modules/.bin)"
+	@echo "make agents  Codex CLI, Claude Code, opencode and pi from npm into $(AGENTS_DIR) (bin: node_modules/.bin)"
 	@echo "make wheel   dist/etserve-*.whl: a platform wheel carrying the native runtime (no compiler on the box);"
 	@echo "             on x86-64 with the aarch64 cross compiler the linux_aarch64 one too (make wheel-aarch64)"
 	@echo "make serve-only   that wheel without extras in $(SERVE_VENV)/ (no torch): what a serving box installs"
@@ -109,10 +109,11 @@ system-packages:
 	fi
 
 # The coding agents the tests drive for real (Codex CLI on /v1/responses, Claude Code on
-# /v1/messages, opencode on /v1/chat/completions), pinned, installed with npm into a cache outside the repo. Installed only
-# when this exact list is missing there.
+# /v1/messages, opencode and pi on /v1/chat/completions), pinned, installed with npm into a
+# cache outside the repo. Installed only when this exact list is missing there.
 AGENTS_DIR ?= $(HOME)/.cache/etserve/agents
-AGENTS ?= @openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332 opencode-ai@1.18.33
+AGENTS ?= @openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332 opencode-ai@1.18.33 \
+	@mariozechner/pi-coding-agent@0.73.1
 agents:
 	@stamp="$(AGENTS_DIR)/.installed-$$(echo '$(AGENTS)' | md5sum | cut -c1-12)"; \
 	if [ ! -e "$$stamp" ]; then \

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,6 +56,16 @@ class Server:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"server not ready in {timeout}s; log: {self.log_path.read_text()[-4000:]}")
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def generations_logged(self, since: int, path: str = "/v1/chat/completions") -> list[tuple[int, ...]]:
+        """(status, prompt, cached, completion) of each POST to `path` in the access log after
+        `since` bytes (log_size before the requests)."""
+        line = re.compile(r'"POST ' + re.escape(path) + r' HTTP/1\.1" (\d{3}) .*? prompt=(\d+) cached=(\d+) completion=(\d+)')
+        log = self.log_path.read_bytes()[since:].decode(errors="replace")
+        return [tuple(int(x) for x in m) for m in line.findall(log)]
 
     def health(self) -> dict:
         return requests.get(self.base_url + "/health", timeout=5).json()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -25,7 +24,6 @@ AGENTS_DIR = Path(os.environ.get("ETSERVE_AGENTS_DIR", Path.home() / ".cache" / 
 OPENCODE = AGENTS_DIR / "node_modules" / ".bin" / "opencode"
 VERSION = "1.18.33"
 TURN_TIMEOUT = 1200  # seconds: a ~7,200-token prompt read on two shared cores
-ACCESS = re.compile(r'"POST /v1/chat/completions HTTP/1\.1" (\d{3}) .*? prompt=(\d+) cached=(\d+) completion=(\d+)')
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +63,14 @@ def run_turn(opencode: Path, session, server, message: str, *extra: str) -> tupl
     """One `opencode run` turn: its JSON events, and the access-log entries (status, prompt,
     cached, completion) of the chat requests it made."""
     env, work, model = session
-    since = server.log_path.stat().st_size
+    since = server.log_size()
     proc = subprocess.run([str(opencode), "run", "--pure", "--format", "json", "--title", "test",
                            "-m", f"etserve/{model}", *extra, message],
                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=TURN_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    log = server.log_path.read_bytes()[since:].decode(errors="replace")
-    return events, [tuple(int(x) for x in m) for m in ACCESS.findall(log)]
+    return events, server.generations_logged(since)
 
 
 def check_turn(events: list[dict], requests_made: list[tuple]) -> dict:
