@@ -14,33 +14,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
-import requests
 
-AGENTS_DIR = Path(os.environ.get("ETSERVE_AGENTS_DIR", Path.home() / ".cache" / "etserve" / "agents"))
-OPENCODE = AGENTS_DIR / "node_modules" / ".bin" / "opencode"
+from . import agents
+
 VERSION = "1.18.33"
 TURN_TIMEOUT = 1200  # seconds: a ~7,200-token prompt read on two shared cores
 
 
 @pytest.fixture(scope="module")
 def opencode(tmp_path_factory) -> Path:
-    if not OPENCODE.exists():
-        pytest.fail(f"opencode is not installed at {OPENCODE}: run `make agents`")
-    out = subprocess.run([str(OPENCODE), "--version"], capture_output=True, text=True, timeout=60,
-                         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path_factory.mktemp("opencode-version"))})
-    assert VERSION in out.stdout, out.stdout + out.stderr
-    return OPENCODE
+    return agents.installed("opencode", VERSION, tmp_path_factory.mktemp("opencode-version"))
 
 
 @pytest.fixture(scope="module")
 def session(qwen_server, tmp_path_factory):
     """(environment, project directory with docs/clients.md's opencode.json, model id)."""
-    info = requests.get(qwen_server.base_url + "/v1/models", timeout=10).json()["data"][0]
-    model, context = info["id"], info["context_length"]
+    model, context = agents.served_model(qwen_server)
     work = tmp_path_factory.mktemp("opencode-work")
     (work / "opencode.json").write_text(json.dumps({
         "$schema": "https://opencode.ai/config.json",
@@ -51,7 +43,7 @@ def session(qwen_server, tmp_path_factory):
             "models": {model: {"name": "etserve test", "limit": {"context": context, "output": 1024}}},
         }},
     }))
-    closed = "http://127.0.0.1:9/"  # the discard port: nothing is fetched while the test runs
+    closed = agents.CLOSED_REGISTRY  # nothing is fetched while the test runs
     env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": str(tmp_path_factory.mktemp("opencode-home")),
            "npm_config_registry": closed, "BUN_CONFIG_REGISTRY": closed,
            "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -60,17 +52,10 @@ def session(qwen_server, tmp_path_factory):
 
 
 def run_turn(opencode: Path, session, server, message: str, *extra: str) -> tuple[list[dict], list[tuple]]:
-    """One `opencode run` turn: its JSON events, and the access-log entries (status, prompt,
-    cached, completion) of the chat requests it made."""
+    """One `opencode run` turn: its JSON events and the chat requests it made (agents.run_turn)."""
     env, work, model = session
-    since = server.log_size()
-    proc = subprocess.run([str(opencode), "run", "--pure", "--format", "json", "--title", "test",
-                           "-m", f"etserve/{model}", *extra, message],
-                          cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=TURN_TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return events, server.generations_logged(since)
+    return agents.run_turn([str(opencode), "run", "--pure", "--format", "json", "--title", "test",
+                            "-m", f"etserve/{model}", *extra, message], work, env, server, TURN_TIMEOUT)
 
 
 def check_turn(events: list[dict], requests_made: list[tuple]) -> dict:

@@ -13,33 +13,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
-import requests
 
-AGENTS_DIR = Path(os.environ.get("ETSERVE_AGENTS_DIR", Path.home() / ".cache" / "etserve" / "agents"))
-PI = AGENTS_DIR / "node_modules" / ".bin" / "pi"
+from . import agents
+
 VERSION = "0.73.1"
 TURN_TIMEOUT = 600  # seconds: its ~1,400-token prompt read on two shared cores
 
 
 @pytest.fixture(scope="module")
 def pi(tmp_path_factory) -> Path:
-    if not PI.exists():
-        pytest.fail(f"pi is not installed at {PI}: run `make agents`")
-    out = subprocess.run([str(PI), "--version"], capture_output=True, text=True, timeout=60,
-                         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path_factory.mktemp("pi-version"))})
-    assert VERSION in out.stdout + out.stderr, out.stdout + out.stderr
-    return PI
+    return agents.installed("pi", VERSION, tmp_path_factory.mktemp("pi-version"))
 
 
 @pytest.fixture(scope="module")
 def session(qwen_server, tmp_path_factory):
     """(environment whose HOME has docs/clients.md's models.json, project directory, model id)."""
-    info = requests.get(qwen_server.base_url + "/v1/models", timeout=10).json()["data"][0]
-    model, context = info["id"], info["context_length"]
+    model, context = agents.served_model(qwen_server)
     home = tmp_path_factory.mktemp("pi-home")
     (home / ".pi" / "agent").mkdir(parents=True)
     (home / ".pi" / "agent" / "models.json").write_text(json.dumps({"providers": {"etserve": {
@@ -48,23 +40,16 @@ def session(qwen_server, tmp_path_factory):
         "apiKey": "KEY",
         "models": [{"id": model, "name": "etserve test", "contextWindow": context, "maxTokens": 1024}],
     }}}))
-    closed = "http://127.0.0.1:9/"  # the discard port: nothing is fetched while the test runs
-    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": str(home), "npm_config_registry": closed}
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": str(home),
+           "npm_config_registry": agents.CLOSED_REGISTRY}  # nothing is fetched while the test runs
     return env, tmp_path_factory.mktemp("pi-work"), model
 
 
 def run_turn(pi: Path, session, server, message: str, *extra: str) -> tuple[list[dict], list[tuple]]:
-    """One `pi -p` turn: its JSON events, and the access-log entries (status, prompt, cached,
-    completion) of the chat requests it made."""
+    """One `pi -p` turn: its JSON events and the chat requests it made (agents.run_turn)."""
     env, work, model = session
-    since = server.log_size()
-    proc = subprocess.run([str(pi), "--offline", "-p", "--mode", "json", "--provider", "etserve", "--model", model,
-                           *extra, message],
-                          cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=TURN_TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], \
-        server.generations_logged(since)
+    return agents.run_turn([str(pi), "--offline", "-p", "--mode", "json", "--provider", "etserve", "--model", model,
+                            *extra, message], work, env, server, TURN_TIMEOUT)
 
 
 def check_turn(events: list[dict], made: list[tuple]) -> dict:
