@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-AGENTS_DIR = Path(os.environ.get("ETSERVE_AGENTS_DIR", Path.home() / ".cache" / "etserve" / "agents"))
-CLAUDE = AGENTS_DIR / "node_modules" / ".bin" / "claude"
+from . import agents
+
 VERSION = "2.1.332"
 # Its first request, captured (tests/anthropic/claude_code_request.json): the prompt size it needs.
 CAPTURED = Path(__file__).resolve().parents[1] / "anthropic" / "claude_code_request.json"
@@ -28,12 +28,8 @@ PROMPT = "Reply with one word: hello"
 
 
 @pytest.fixture(scope="module")
-def claude() -> Path:
-    if not CLAUDE.exists():
-        pytest.fail(f"Claude Code is not installed at {CLAUDE}: run `make agents`")
-    version = subprocess.run([str(CLAUDE), "--version"], capture_output=True, text=True, timeout=60).stdout
-    assert VERSION in version, version
-    return CLAUDE
+def claude(tmp_path_factory) -> Path:
+    return agents.installed("claude", VERSION, tmp_path_factory.mktemp("claude-version"))
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +39,7 @@ def fit(qwen_server) -> tuple[int, int]:
     r = requests.post(qwen_server.base_url + "/v1/messages/count_tokens", timeout=60,
                       json={k: body[k] for k in ("model", "system", "messages", "tools", "thinking")})
     assert r.status_code == 200, r.text
-    return r.json()["input_tokens"], served_model_info(qwen_server)["context_length"]
-
-
-def served_model_info(srv) -> dict:
-    """The served model's entry in /v1/models: its id and context length."""
-    return requests.get(srv.base_url + "/v1/models", timeout=10).json()["data"][0]
+    return r.json()["input_tokens"], agents.served_model(qwen_server)[1]
 
 
 def run_claude(claude: Path, server, tmp_path: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -58,7 +49,7 @@ def run_claude(claude: Path, server, tmp_path: Path, timeout: float) -> subproce
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
            "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "anything",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    model = served_model_info(server)["id"]
+    model, _ = agents.served_model(server)
     return subprocess.run([str(claude), "-p", PROMPT, "--model", model], cwd=work, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from . import agents
 from .servers import Server
-from .test_claude_code import claude, served_model_info  # noqa: F401  (claude is a fixture)
+from .test_claude_code import claude  # noqa: F401  (a fixture)
 
 CONTEXT = 16384
 TURN_TIMEOUT = 1500
@@ -49,7 +50,7 @@ def test_claude_code_compacts_when_its_history_outgrows_the_context(claude, smal
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
            "ANTHROPIC_BASE_URL": small_qwen.base_url, "ANTHROPIC_API_KEY": "anything",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    model = served_model_info(small_qwen)["id"]
+    model, _ = agents.served_model(small_qwen)
 
     def turn(text: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(claude), "-p", *extra, text, "--model", model], cwd=work, env=env,

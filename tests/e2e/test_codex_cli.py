@@ -12,28 +12,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import requests
 
-AGENTS_DIR = Path(os.environ.get("ETSERVE_AGENTS_DIR", Path.home() / ".cache" / "etserve" / "agents"))
-CODEX = AGENTS_DIR / "node_modules" / ".bin" / "codex"
+from . import agents
+
 VERSION = "0.171.0"
 TURN_TIMEOUT = 1200  # seconds: a ~6,000-token prompt read on two shared cores, Codex's retries included
 
 
 @pytest.fixture(scope="module")
-def codex() -> Path:
-    if not CODEX.exists():
-        pytest.fail(f"Codex CLI missing at {CODEX}: run `make agents`")
-    out = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, timeout=60)
-    assert VERSION in out.stdout, out.stdout + out.stderr
-    return CODEX
+def codex(tmp_path_factory) -> Path:
+    return agents.installed("codex", VERSION, tmp_path_factory.mktemp("codex-version"))
 
 
 @pytest.fixture(scope="module")
 def codex_env(qwen_server, tmp_path_factory):
     """CODEX_HOME with a config.toml pointing at the server, as the README shows it."""
     home = tmp_path_factory.mktemp("codex-home")
-    model = requests.get(qwen_server.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    model, _ = agents.served_model(qwen_server)
     (home / "config.toml").write_text(
         f'model = "{model}"\n'
         'model_provider = "etserve"\n'
@@ -59,7 +54,7 @@ def events(stdout: str) -> list[dict]:
 
 def test_codex_exec_completes_two_turns(codex, codex_env, qwen_server):
     env, work = codex_env
-    context = requests.get(qwen_server.base_url + "/v1/models", timeout=10).json()["data"][0]["context_length"]
+    _, context = agents.served_model(qwen_server)
     first = run_codex(codex, env, work, "Reply with one word: hello")
     assert first.returncode == 0, (
         f"codex exec failed (server context {context} tokens; Codex's first request needs ~6,000):\n"

@@ -18,6 +18,7 @@ from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from anthropic.types.shared import ErrorResponse
 from pydantic import TypeAdapter
 
+from . import agents
 from .streams import LONG
 
 HELLO = [{"role": "user", "content": "Count from one to ten in words, separated by spaces."}]
@@ -28,11 +29,6 @@ EVENTS = TypeAdapter(RawMessageStreamEvent)
 @pytest.fixture(scope="module")
 def client(server):
     return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
-
-
-def served_model_info(srv) -> dict:
-    """The served model's entry in /v1/models: its id and context length."""
-    return requests.get(srv.base_url + "/v1/models", timeout=10).json()["data"][0]
 
 
 def post(srv, body: dict, path: str = "/v1/messages", **kw) -> requests.Response:
@@ -58,7 +54,7 @@ def sse(r: requests.Response) -> list[tuple[str, dict]]:
 def test_create_returns_a_valid_message(client, server):
     m = client.messages.create(model="anything", max_tokens=12, messages=HELLO, extra_body=GREEDY)
     assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
-    assert m.model == served_model_info(server)["id"]
+    assert m.model == agents.served_model(server)[0]
     assert m.stop_reason in ("end_turn", "max_tokens") and m.stop_sequence is None
     assert m.content and m.content[0].type == "text" and m.content[0].text
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens > 0 and 0 < m.usage.output_tokens <= 12
@@ -143,7 +139,7 @@ def test_a_final_assistant_message_is_continued(client, server):
 
 
 def test_max_tokens_beyond_the_context_is_clamped_not_refused(client, server):
-    context = served_model_info(server)["context_length"]
+    context = agents.served_model(server)[1]
     m = client.messages.create(model="m", max_tokens=32000, messages=HELLO, extra_body=GREEDY)
     assert m.stop_reason in ("end_turn", "model_context_window_exceeded")
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens + m.usage.output_tokens <= context

@@ -4,8 +4,8 @@ builds this machine cannot load run too: cross-built for aarch64 and run under q
 (`make -C native ARCH=aarch64 check`). The cross compiler and qemu-user-static are Debian packages
 that `make test` installs (the top Makefile's system-packages)."""
 
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
