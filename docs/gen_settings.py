@@ -60,7 +60,8 @@ def render() -> str:
     for env, default, help in _extra_settings():
         lines.append(f"| `{env}` | {f'`{default}`' if default else ''} | {_cell(help)} |")
     lines += ["", "The runtime also reads `ETSERVE_ATTENTION=generic` and `ETSERVE_LINEAR=generic`, which turn "
-              "off the AMX/VNNI attention and 4-bit linear kernels (for comparisons and debugging).", ""]
+              "off the AMX/VNNI attention and 4-bit linear kernels (`ETSERVE_ATTENTION=generic` also keeps the AVX2 tier's "
+              "int8 KV caches in rows instead of tiles; for comparisons and debugging).", ""]
     return "\n".join(lines)
 
 

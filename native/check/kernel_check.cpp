@@ -15,7 +15,10 @@
 // also compared with the scalar set's, bit for bit. The sampler's reductions over a vocabulary
 // (max, the sum of exponentials, the weights at a temperature): 1e-6 of each term and of the sum.
 #include "attention.h"
+#include "attention_amx.h"
+#include "attention_decode.h"
 #include "kernel_isa.h"
+#include "kv_layout.h"    // tiled_offset
 #include "kernel_table.h"  // vec:: (the sampler's reductions); on aarch64 the scalar set's linear_q4
 #include "linear_q4.h"
 
@@ -118,29 +121,39 @@ int decode_weight_levels(const Shape& s, bool int8) {
   return 0;
 }
 
+// An additive mask [S, Smax]: some keys cut off (-inf), the rest moved a little, a visible key per row.
+std::vector<float> random_mask(Rng& r, const Shape& s) {
+  std::vector<float> mask(size_t(s.S) * s.Smax);
+  for (float& m : mask) m = r.unit() < 0.2 ? -INFINITY : static_cast<float>(r.unit() - 0.5);
+  for (int i = 0; i < s.S; ++i) mask[size_t(i) * s.Smax] = 0.f;
+  return mask;
+}
+
+// The attention call of a case: q over k and v (row views), into out; the mask when not empty.
+etserve::AttnArgs case_args(const Shape& s, const Operand& q, const Operand& k, const Operand& v, bool causal,
+                            const std::vector<float>& mask, float* out) {
+  etserve::AttnArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view();
+  a.o = out;
+  a.o_sb = int64_t(s.S) * s.H * s.D, a.o_ss = int64_t(s.H) * s.D, a.o_sh = s.D;
+  a.B = s.B, a.S = s.S, a.H = s.H, a.Hkv = s.Hkv, a.D = s.D;
+  a.n_kv = mask.empty() ? s.pos + s.S : s.Smax;
+  a.start_pos = s.pos;
+  a.causal = causal;
+  a.mask = mask.empty() ? nullptr : mask.data();
+  a.mask_ss = s.Smax;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  return a;
+}
+
 // softmax(q k^T / sqrt(D) + mask) v in float64, as ref_sdpa in test_llm_ops.py.
 bool check_attention(const Shape& s, bool causal, bool int8, bool masked, uint64_t seed, const char* what,
                      bool q_int8 = true) {
   Rng r(seed);
   Operand q(r, s.B, s.S, s.H, s.D, int8 && q_int8), k(r, s.B, s.Smax, s.Hkv, s.D, int8), v(r, s.B, s.Smax, s.Hkv, s.D, int8);
-  std::vector<float> mask;
-  if (masked) {  // additive, some keys cut off (-inf) and the rest moved a little
-    mask.resize(size_t(s.S) * s.Smax);
-    for (float& m : mask) m = r.unit() < 0.2 ? -INFINITY : static_cast<float>(r.unit() - 0.5);
-    for (int i = 0; i < s.S; ++i) mask[size_t(i) * s.Smax] = 0.f;  // a visible key per row
-  }
+  const std::vector<float> mask = masked ? random_mask(r, s) : std::vector<float>();
   std::vector<float> out(size_t(s.B) * s.S * s.H * s.D, NAN);
-  etserve::AttnArgs a;
-  a.q = q.view(), a.k = k.view(), a.v = v.view();
-  a.o = out.data();
-  a.o_sb = int64_t(s.S) * s.H * s.D, a.o_ss = int64_t(s.H) * s.D, a.o_sh = s.D;
-  a.B = s.B, a.S = s.S, a.H = s.H, a.Hkv = s.Hkv, a.D = s.D;
-  a.n_kv = masked ? s.Smax : s.pos + s.S;
-  a.start_pos = s.pos;
-  a.causal = causal;
-  a.mask = masked ? mask.data() : nullptr;
-  a.mask_ss = s.Smax;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  const etserve::AttnArgs a = case_args(s, q, k, v, causal, mask, out.data());
   etserve::run_attention(a);
 
   // With fixed-point weights, the reference rounds them as the kernel does (test_llm_ops.py's
@@ -195,6 +208,48 @@ bool check_attention(const Shape& s, bool causal, bool int8, bool masked, uint64
     std::printf("%s attention %s B%d S%d H%d Hkv%d D%d Smax%d pos%d %s%s: max error %.3g (bound %.3g)\n",
                 ok ? "ok  " : "FAIL", what, s.B, s.S, s.H, s.Hkv, s.D, s.Smax, s.pos, causal ? "causal" : "full",
                 masked ? " masked" : "", worst, tol);
+  return ok;
+}
+
+// The same int8 case over caches in kv_layout.h's tiled layouts (as llm_kernels.cpp lays them
+// out for the AMX kernel and the AVX2 decode kernel; every tier's generic tile copies a block's
+// rows out of them): the output bit for bit the rows' (the same integer products, the same
+// float steps), on every tier.
+// (Where the rows would run another kernel than the tiles, nothing to compare: the AMX kernel's
+// tiles, which test_llm_ops.py checks, and one row on the AVX-512 tier, whose decode kernel reads
+// rows only and whose caches llm_kernels.cpp therefore leaves in rows.)
+bool check_tiled(const Shape& s, bool causal, bool masked, uint64_t seed) {
+  if (etserve::amx_attention_supported() ||
+      (s.S == 1 && !etserve::decode_reads_tiles() && std::strcmp(etserve::kernel_isa(), "scalar") != 0))
+    return true;
+  Rng r(seed);
+  Operand q(r, s.B, s.S, s.H, s.D, true), k(r, s.B, s.Smax, s.Hkv, s.D, true), v(r, s.B, s.Smax, s.Hkv, s.D, true);
+  const std::vector<float> mask = masked ? random_mask(r, s) : std::vector<float>();
+  std::vector<int8_t> kt(k.i8.size()), vt(v.i8.size());
+  for (int p = 0; p < s.Smax; ++p)
+    for (int h = 0; h < s.Hkv; ++h)
+      for (int d = 0; d < s.D; ++d) {
+        const size_t at = (size_t(p) * s.Hkv + h) * s.D + d;
+        kt[etserve::tiled_offset(etserve::KvLayout::kKeyTiles, s.Hkv, p, h, d)] = k.i8[at];
+        vt[etserve::tiled_offset(etserve::KvLayout::kValueTiles, s.Hkv, p, h, d)] = v.i8[at];
+      }
+  std::vector<float> rows(size_t(s.S) * s.H * s.D, NAN), tiled(rows.size(), NAN);
+  for (int pass = 0; pass < 2; ++pass) {
+    etserve::AttnArgs a = case_args(s, q, k, v, causal, mask, pass == 1 ? tiled.data() : rows.data());
+    if (pass == 1) {
+      a.k.i8 = kt.data(), a.v.i8 = vt.data();
+      a.k.tiled = static_cast<int>(etserve::KvLayout::kKeyTiles);
+      a.v.tiled = static_cast<int>(etserve::KvLayout::kValueTiles);
+      a.k.hkv = a.v.hkv = s.Hkv;
+    }
+    etserve::run_attention(a);
+  }
+  const bool ok = std::memcmp(rows.data(), tiled.data(), rows.size() * sizeof(float)) == 0 &&
+                  std::none_of(rows.begin(), rows.end(), [](float x) { return std::isnan(x); });
+  if (!ok || g_verbose)
+    std::printf("%s attention int8 tiled B%d S%d H%d Hkv%d D%d Smax%d pos%d %s%s: %s\n", ok ? "ok  " : "FAIL", s.B,
+                s.S, s.H, s.Hkv, s.D, s.Smax, s.pos, causal ? "causal" : "full", masked ? " masked" : "",
+                ok ? "the rows' output" : "differs from the rows' output");
   return ok;
 }
 
@@ -344,6 +399,15 @@ int main(int argc, char** argv) {
     count(check_attention(kShapes[i], false, false, true, seed++, "fp32"));
     count(check_attention(kShapes[i], false, true, true, seed++, "int8"));
   }
+  // tiled caches: the shapes above whose caches a model would tile (batch 1, head dim 64, a
+  // multiple of 64 positions), and decode and prefill over a few thousand keys
+  const Shape kTiledShapes[] = {{1, 1, 14, 2, 64, 3008, 2999}, {1, 1, 14, 2, 64, 3008, 2050},
+                                {1, 40, 14, 2, 64, 704, 300}, {1, 1, 16, 2, 64, 320, 200}};
+  for (const Shape& s : kShapes)
+    if (s.B == 1 && s.D == 64 && s.Smax % 64 == 0)
+      for (bool causal : {true, false}) count(check_tiled(s, causal, false, seed++));
+  for (const Shape& s : kTiledShapes)
+    for (bool masked : {false, true}) count(check_tiled(s, !masked, masked, seed++));
   // float queries over int8 caches, one row: the decode kernels' float dot products (the
   // operators pair int8 caches with int8 queries; attention_decode.cpp keeps the path)
   for (const Shape& s : kShapes)

@@ -1,5 +1,6 @@
 // Attention core: see attention.h.
 #include "attention.h"
+#include "kv_layout.h"
 
 // GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
 // -Wmaybe-uninitialized reports where they are inlined.
@@ -76,12 +77,15 @@ struct Scratch {
   std::vector<int32_t> vcs, wq;
   std::vector<float> vsc, wsc;
   std::vector<float> qc;  // VNNI, NEON: the queries' scales times the softmax scale
+  // Tiled int8 caches (kv_layout.h): a block's key and value rows out of the tiles
+  std::vector<int8_t> krows, vrows;
   Scratch(int64_t nq, int64_t rows, int64_t D)
       : q(nq * D), s(nq * kKeyBlock), acc(nq * D), m(nq), l(nq), kf(kKeyBlock * D),
         vf(kKeyBlock * D), ksc(kKeyBlock), qi(nq * D),
         ki(kKeyBlock * D), qf(nq), di(kKeyBlock), lim(rows), q8(nq * D), qz(nq), qsum(nq),
         ka(kKeyBlock), kb(kKeyBlock), ktbuf(kKeyBlock * D + 64), vibuf(kKeyBlock * D * 2 + 64),
-        vcs(D), wq(nq * kKeyBlock / 2), vsc(kKeyBlock), wsc(nq), qc(nq) {}
+        vcs(D), wq(nq * kKeyBlock / 2), vsc(kKeyBlock), wsc(nq), qc(nq), krows(kKeyBlock * D),
+        vrows(kKeyBlock * D) {}
   uint8_t* kt() {
     return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ktbuf.data()) + 63) & ~uintptr_t(63));
   }
@@ -93,19 +97,122 @@ struct Scratch {
 // Rows [j, end) of kv head g of the int8 keys and values asked for one row at a
 // time while the kernel converts the block before (in a burst, the prefetches
 // would wait for free miss buffers and hold up the work behind them).
+// In a tiled cache, a line of kv head g's tile of the row's block instead, one per row: the
+// block's 64 rows ask for all 64 lines of its tile.
 struct RowPrefetch {
   const char* k = nullptr;
   const char* v = nullptr;
-  int64_t kss = 0, vss = 0, j = 0, end = 0;
-  RowPrefetch(const AttnArgs& a, int64_t b, int64_t g, int64_t j0, int64_t j1) : j(j0), end(j1) {
-    if (a.k.i8 != nullptr) k = reinterpret_cast<const char*>(a.k.i8 + b * a.k.sb + g * a.k.sh), kss = a.k.ss;
-    if (a.v.i8 != nullptr) v = reinterpret_cast<const char*>(a.v.i8 + b * a.v.sb + g * a.v.sh), vss = a.v.ss;
+  int64_t kss = 0, vss = 0, j = 0, end = 0, g = 0, kt = 0, vt = 0;
+  RowPrefetch(const AttnArgs& a, int64_t b, int64_t g_, int64_t j0, int64_t j1) : j(j0), end(j1), g(g_) {
+    if (a.k.i8 != nullptr) {
+      k = reinterpret_cast<const char*>(a.k.tiled ? a.k.i8 : a.k.i8 + b * a.k.sb + g * a.k.sh);
+      kss = a.k.ss, kt = a.k.tiled ? a.k.hkv : 0;
+    }
+    if (a.v.i8 != nullptr) {
+      v = reinterpret_cast<const char*>(a.v.tiled ? a.v.i8 : a.v.i8 + b * a.v.sb + g * a.v.sh);
+      vss = a.v.ss, vt = a.v.tiled ? a.v.hkv : 0;
+    }
+  }
+  const char* line(const char* base, int64_t ss, int64_t hkv) const {
+    return hkv ? base + (((j >> 6) * hkv + g) * 64 + (j & 63)) * 64 : base + j * ss;
   }
   void next() {
     if (j >= end) return;
-    if (k) __builtin_prefetch(k + j * kss, 0, 2);
-    if (v) __builtin_prefetch(v + j * vss, 0, 2);
+    if (k) __builtin_prefetch(line(k, kss, kt), 0, 2);
+    if (v) __builtin_prefetch(line(v, vss, vt), 0, 2);
     ++j;
+  }
+};
+
+#if defined(ETS_AVX2)
+// 8 rows of 8 dwords -> 8 vectors, vector i holding dword i of every row.
+inline void transpose8x8(__m256i r[8]) {
+  __m256i t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_permute2x128_si256(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2x128_si256(r[i], r[i + 4], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+#endif
+
+// Rows [p, p + n) of kv head g of a tiled int8 cache (kv_layout.h) into dst, 64 bytes a row.
+inline void rows_out_of_tiles(const AttnOperand& x, int64_t g, int64_t p, int64_t n, int8_t* dst) {
+  const bool keys = x.tiled == static_cast<int>(KvLayout::kKeyTiles);
+  int64_t j = 0;
+#if defined(ETS_AVX2)
+  if (keys) {  // 8 positions of a 16-position group at a time: two 8 x 8 dword transposes
+    for (; j + 8 <= n && (p + j) % 8 == 0; j += 8) {
+      const int8_t* base = x.i8 + tiled_offset(KvLayout::kKeyTiles, x.hkv, p + j, g, 0);
+      for (int half = 0; half < 2; ++half) {
+        __m256i r[8];
+        for (int k = 0; k < 8; ++k)
+          r[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + (8 * half + k) * 64));
+        transpose8x8(r);
+        for (int i = 0; i < 8; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (j + i) * 64 + 32 * half), r[i]);
+      }
+    }
+  } else {  // a quad of positions at a time: its 256 bytes regrouped by position
+    const __m256i by_pos = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (; j + 4 <= n && (p + j) % 4 == 0; j += 4) {
+      const int8_t* base = x.i8 + tiled_offset(KvLayout::kValueTiles, x.hkv, p + j, g, 0);
+      __m256i z[8];  // qword k of z[c]: dims 8c.. of position k
+      for (int c = 0; c < 8; ++c)
+        z[c] = _mm256_permutevar8x32_epi32(
+            _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 32 * c)), by_pos), pairs);
+      for (int c = 0; c < 8; c += 4) {  // dims 8c .. 8c + 31 of the four positions
+        const __m256i a02 = _mm256_unpacklo_epi64(z[c], z[c + 1]), a13 = _mm256_unpackhi_epi64(z[c], z[c + 1]);
+        const __m256i b02 = _mm256_unpacklo_epi64(z[c + 2], z[c + 3]), b13 = _mm256_unpackhi_epi64(z[c + 2], z[c + 3]);
+        int8_t* o = dst + j * 64 + 8 * c;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm256_permute2x128_si256(a02, b02, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 64), _mm256_permute2x128_si256(a13, b13, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 128), _mm256_permute2x128_si256(a02, b02, 0x31));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 192), _mm256_permute2x128_si256(a13, b13, 0x31));
+      }
+    }
+  }
+#endif
+  for (; j < n; ++j) {
+    const int8_t* base = x.i8 + tiled_offset(static_cast<KvLayout>(x.tiled), x.hkv, p + j, g, 0);
+    int8_t* row = dst + j * 64;
+    if (keys) {
+      for (int64_t q = 0; q < 16; ++q) std::memcpy(row + 4 * q, base + 64 * q, 4);
+    } else {
+      for (int64_t d = 0; d < 64; ++d) row[d] = base[4 * d];
+    }
+  }
+}
+
+// A key block's rows of one kv head as the row kernels read them: the operand itself (rows),
+// or, from a tiled cache (kv_layout.h), the rows copied out of the tiles into `buf` (an
+// operand of 64-byte rows whose parameters start at the block).
+struct BlockRows {
+  AttnOperand x;
+  int64_t b, j0, h;  // where the block's first row is in x
+  BlockRows(const AttnOperand& op, int64_t b_, int64_t g, int64_t jb, int64_t n, int8_t* buf)
+      : x(op), b(b_), j0(jb), h(g) {
+    if (op.i8 == nullptr || op.tiled == 0) return;
+    rows_out_of_tiles(op, g, jb, n, buf);
+    x.i8 = buf;
+    x.sb = x.sh = 0;
+    x.ss = 64;
+    x.tiled = 0;
+    x.scale = op.scale + b_ * op.sc_sb + jb * op.sc_ss + g * op.sc_sh;
+    x.zero_point = op.zero_point + b_ * op.zp_sb + jb * op.zp_ss + g * op.zp_sh;
+    x.sc_sb = x.sc_sh = x.zp_sb = x.zp_sh = 0;
+    b = j0 = h = 0;
   }
 };
 
@@ -484,27 +591,28 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
     int64_t ks;
     // The rows of the block after the next, on their way while this one is worked.
     RowPrefetch pf(a, b, g, jb + 2 * kKeyBlock, std::min(jb + 3 * kKeyBlock, jmax));
+    const BlockRows kr(a.k, b, g, jb, len, sc.krows.data());
     if (a.k.f32 != nullptr) {
       kp = a.k.f32 + b * a.k.sb + jb * a.k.ss + g * a.k.sh;
       ks = a.k.ss;
     } else if (vnni) {
 #if defined(ETS_ATTN_VNNI)
-      vnni_keys(a.k, b, jb, len, g, D, sc, &pf);
+      vnni_keys(kr.x, kr.b, kr.j0, len, kr.h, D, sc, &pf);
 #endif
       kp = nullptr;
       ks = D;
     } else if (raw8) {
 #if defined(ETS_ATTN_RAW8)
-      raw8_keys(a.k, b, jb, len, g, D, sc, &pf);
+      raw8_keys(kr.x, kr.b, kr.j0, len, kr.h, D, sc, &pf);
 #endif
       kp = nullptr;
       ks = D;
     } else if (exact) {
-      raw_rows(a.k, b, jb, len, g, D, sc.ki.data(), sc.ksc.data(), &pf);
+      raw_rows(kr.x, kr.b, kr.j0, len, kr.h, D, sc.ki.data(), sc.ksc.data(), &pf);
       kp = nullptr;
       ks = D;
     } else {
-      raw_rows(a.k, b, jb, len, g, D, sc.kf.data(), sc.ksc.data(), &pf);
+      raw_rows(kr.x, kr.b, kr.j0, len, kr.h, D, sc.kf.data(), sc.ksc.data(), &pf);
       kp = sc.kf.data();
       ks = D;
     }
@@ -573,9 +681,10 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
         m[t] = mn;
       }
     }
+    const BlockRows vr(a.v, b, g, jb, vis_max, sc.vrows.data());
 #if defined(ETS_ATTN_VNNI)
     if (vnni_v) {
-      vnni_values(a.v, b, jb, vis_max, g, D, sc);
+      vnni_values(vr.x, vr.b, vr.j0, vis_max, vr.h, D, sc);
       const int64_t np = (vis_max + 1) / 2;
       for (int64_t t = 0; t < NQ; ++t) sc.wsc[t] = vnni_weights(sc, t, sc.s.data() + t * kKeyBlock, vis[t / G], np);
       int64_t t = 0;
@@ -592,7 +701,7 @@ void attend_tile(const AttnArgs& a, int64_t b, int64_t i0, int64_t R, int64_t g,
       vs = a.v.ss;
     } else {
       // the values themselves, each row dequantized once for the whole tile
-      for (int64_t j = 0; j < vis_max; ++j) load_row(a.v, b, jb + j, g, D, sc.vf.data() + j * D);
+      for (int64_t j = 0; j < vis_max; ++j) load_row(vr.x, vr.b, vr.j0 + j, vr.h, D, sc.vf.data() + j * D);
       vp = sc.vf.data();
       vs = D;
     }
@@ -850,6 +959,7 @@ void run_attention(const AttnArgs& a) {
   int64_t chunk = (a.n_kv + splits - 1) / splits;
   // A tiled cache is read in whole tiles: key ranges start at multiples of its blocks.
   if (amx && a.k.tiled != 0) chunk = (chunk + 127) / 128 * 128;
+  else chunk = (chunk + kKeyBlock - 1) / kKeyBlock * kKeyBlock;  // whole blocks (out of tiles: whole groups)
   const int64_t NQ = R * G;
   const int64_t per = NQ * (a.D + 2);  // per (unit, split): NQ maxima, NQ sums, NQ * D sums
   std::vector<float> part(static_cast<size_t>(units * splits * per));

@@ -24,8 +24,9 @@ struct AttnOperand {
   int64_t sc_sb = 0, sc_ss = 0, sc_sh = 0;   // scale strides
   int64_t zp_sb = 0, zp_ss = 0, zp_sh = 0;   // zero-point strides
   // int8 caches only: 0 position-major rows (the strides above); else one of
-  // kv_layout.h's tiled layouts (1 keys, 2 values) of a [1, S, hkv, 64] cache,
-  // only ever with the AMX kernel (llm_kernels.cpp converts back to rows first).
+  // kv_layout.h's tiled layouts (1 keys, 2 values) of a [1, S, hkv, 64] cache
+  // (llm_kernels.cpp's choice: the AMX kernel's, and the AVX2 decode kernel's;
+  // the generic tile copies a block's rows out of the tiles).
   int tiled = 0;
   int64_t hkv = 0;
 };

@@ -17,10 +17,12 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "isa.h"
+#include "kv_layout.h"
 #include "simd.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 namespace etserve {
@@ -126,6 +128,9 @@ struct alignas(64) Scratch {
   alignas(32) int16_t q2[kMaxH * kMaxD * 2];
   alignas(32) int32_t ipart[kMaxG * kBlock * 4];
   __m256 smax[8], ymax[8];
+  // from tiled caches (kv_layout.h, D 64): per query head and dim quad two int16 pairs of
+  // its query less the zero point, (q0, q2) and (q1, q3), each broadcast to a vector
+  __m256i qt[kMaxH * 32];
 #endif
 };
 
@@ -443,7 +448,7 @@ class W7Scores {
     sc.ymax[h] = ymax;
   }
 
- private:
+  // The scores s of keys [j, j + 8) of head h (the mask row added here), into the maxima.
   void put(Scratch& sc, int h, int64_t j, __m256 s, __m256& smax, __m256& ymax) const {
     const bool last = j + 8 > len;
     if (mr) s = _mm256_add_ps(s, last ? _mm256_maskload_ps(mr + j, tail) : _mm256_loadu_ps(mr + j));
@@ -567,6 +572,88 @@ inline void w7_weighted_sums(Scratch& sc, float* acc0, const int8_t* v, int64_t 
 }
 #endif
 
+#if defined(ETS_DECODE_I16)
+// w7_weighted_sums over a block's value tile (kv_layout.h: [16 quads of keys][64 dims][4 keys]),
+// whose 32 bytes at quad q and dims 8c.. are the interleaved quad the row version builds.
+// Past len the tile's bytes are whatever the cache holds there, their weights 0.
+template <int G, int D>
+inline void w7_weighted_sums_tiled(Scratch& sc, float* acc0, const int8_t* vt, int64_t len) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t nq = (len + 3) / 4;
+  for (int c = 0; c < D / 8; ++c) {
+    __m256i o[G];
+    for (int h = 0; h < G; ++h) o[h] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < nq; ++q) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vt + q * 256 + c * 32));
+      const uint8_t* wb = sc.wq + 4 * q;
+      asm("" : "+r"(wb));  // the heads' weights at constant offsets from it
+      for (int h = 0; h < G; ++h) {
+        const __m256i w = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(wb + h * kBlock));
+        o[h] = _mm256_add_epi32(o[h], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+      }
+    }
+    for (int h = 0; h < G; ++h) {
+      float* acc = acc0 + h * D + c * 8;
+      _mm256_store_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(o[h], _mm256_set1_epi32(sc.wzc[h]))),
+                                           _mm256_set1_ps(sc.wsc[h]), _mm256_load_ps(acc)));
+    }
+  }
+}
+
+// Block [jb, jb + len) of kv head g (state at t0 = g * G) from tiled caches (kv_layout.h; D 64,
+// jb a multiple of 64), its row parameters already in sc: exact int32 scores eight keys at a
+// time with no horizontal sums (a key tile's 32 bytes at dim quad dq hold those four dims of
+// eight keys: as int16, (d0, d2) and (d1, d3) of each key in a dword, one vpmaddwd each against
+// the query's pairs, qt), then w7_softmax and the weighted sums straight from the value tile.
+// The next tiles of this head are prefetched as the row version does, kAhead blocks on into L1
+// and kFar into L2, eight lines of each a group.
+template <int G, int D>
+inline void decode_block_tiled(const AttnArgs& a, Scratch& sc, int64_t g, int64_t jb, int64_t len, int64_t jend,
+                               const float* mrow) {
+  const int64_t t0 = g * G, tile = ((jb >> 6) * a.k.hkv + g) * 4096, next = a.k.hkv * 4096;
+  const int8_t* kt = a.k.i8 + tile;
+  const int8_t* vt = a.v.i8 + tile;
+  const __m256i* qb = sc.qt + t0 * 32;
+  asm("" : "+r"(qb));  // the queries at constant offsets from one register
+  const W7Scores scores(mrow ? mrow + jb : nullptr, len);
+  for (int h = 0; h < G; ++h) sc.smax[h] = sc.ymax[h] = _mm256_set1_ps(-INFINITY);
+  const bool near = jend - jb > kAhead * kBlock, far = jend - jb > kFar * kBlock;
+  for (int64_t j = 0; j < len; j += 8) {
+    for (int64_t x = j * 64; x < j * 64 + 512; x += 64) {
+      if (near) {
+        _mm_prefetch(reinterpret_cast<const char*>(kt + kAhead * next + x), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vt + kAhead * next + x), _MM_HINT_T0);
+      }
+      if (far) {
+        _mm_prefetch(reinterpret_cast<const char*>(kt + kFar * next + x), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(vt + kFar * next + x), _MM_HINT_T1);
+      }
+    }
+    const int8_t* kp = kt + (j >> 4) * 1024 + (j & 15) * 4;
+    __m256i acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = _mm256_setzero_si256();
+    for (int dq = 0; dq < 16; ++dq) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp + dq * 64));
+      const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8), odd = _mm256_srai_epi16(x, 8);
+      for (int h = 0; h < G; ++h)
+        acc[h] = _mm256_add_epi32(acc[h], _mm256_add_epi32(_mm256_madd_epi16(even, qb[h * 32 + 2 * dq]),
+                                                           _mm256_madd_epi16(odd, qb[h * 32 + 2 * dq + 1])));
+    }
+    // less kz Q' (as the row version), times the scales; lanes past len: -inf there
+    const __m256i kz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc.kzi + j));
+    const __m256 ksv = _mm256_loadu_ps(sc.ksc + j);
+    for (int h = 0; h < G; ++h) {
+      const __m256i dot = _mm256_sub_epi32(acc[h], _mm256_madd_epi16(kz, _mm256_set1_epi32(sc.q8sum[t0 + h] & 0xFFFF)));
+      const __m256 sv = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), ksv), _mm256_set1_ps(sc.q8sc[t0 + h]));
+      scores.put(sc, h, j, sv, sc.smax[h], sc.ymax[h]);
+    }
+  }
+  w7_softmax<G>(sc, t0, D, len);
+  w7_weighted_sums_tiled<G, D>(sc, sc.acc + t0 * D, vt, len);
+}
+
+#endif
+
 // Not inlined: the kernel then holds a plain pointer, where an inlined
 // thread_local would have it ask for the address again in every loop.
 __attribute__((noinline)) Scratch& scratch() {
@@ -676,6 +763,12 @@ inline void decode_block(const AttnArgs& a, Scratch& sc, int64_t b, int64_t g, i
 
 #if defined(ETS_DECODE_I16)
   w7_prepare(sc, len);
+  if constexpr (D == 64) {
+    if (K.tiled != 0) {
+      decode_block_tiled<G, D>(a, sc, g, jb, len, jend, mrow);
+      return;
+    }
+  }
 #endif
 #if defined(ETS_DECODE_VNNI)
   if (a.q.i8 != nullptr) {
@@ -907,6 +1000,16 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       int16_t* q2 = sc.q2 + t * 2 * D;
       for (int d = 0; d < D; ++d)  // dim d of 8-dim chunk c at 16 c + d % 8, and 8 on
         q2[d + (d & ~7)] = q2[d + (d & ~7) + 8] = static_cast<int16_t>(raw[d] - sc.q8zp[t]);
+      if (a.k.tiled != 0) {  // decode_block_tiled's pairs, (q0, q2) and (q1, q3) of each dim quad
+        auto pair = [&](int d0, int d1) {
+          const uint16_t lo = static_cast<uint16_t>(raw[d0] - sc.q8zp[t]), hi = static_cast<uint16_t>(raw[d1] - sc.q8zp[t]);
+          return _mm256_set1_epi32(static_cast<int32_t>(lo | (uint32_t(hi) << 16)));
+        };
+        for (int dq = 0; dq < D / 4 && dq < 16; ++dq) {
+          sc.qt[t * 32 + 2 * dq] = pair(4 * dq, 4 * dq + 2);
+          sc.qt[t * 32 + 2 * dq + 1] = pair(4 * dq + 1, 4 * dq + 3);
+        }
+      }
     }
 #endif
 #if defined(ETS_DECODE_VNNI)
@@ -988,8 +1091,26 @@ DecodeFn pick(const AttnArgs& a) {
 }  // namespace
 
 bool decode_attention_applies(const AttnArgs& a) {
-  return a.k.i8 != nullptr && a.v.i8 != nullptr && a.k.tiled == 0 && a.v.tiled == 0 &&
-         pick(a) != nullptr;
+  if (a.k.i8 == nullptr || a.v.i8 == nullptr || pick(a) == nullptr) return false;
+  if (a.k.tiled == 0 && a.v.tiled == 0) return true;
+#if defined(ETS_DECODE_I16)  // tiled caches: decode_block_tiled, with int8 queries
+  return a.D == 64 && a.q.i8 != nullptr && a.k.tiled == static_cast<int>(KvLayout::kKeyTiles) &&
+         a.v.tiled == static_cast<int>(KvLayout::kValueTiles) && a.B == 1;
+#else
+  return false;
+#endif
+}
+
+bool decode_reads_tiles() {
+#if defined(ETS_DECODE_I16)
+  static const bool rows = [] {  // $ETSERVE_ATTENTION=generic: the caches stay in rows
+    const char* env = std::getenv("ETSERVE_ATTENTION");
+    return env != nullptr && std::strcmp(env, "generic") == 0;
+  }();
+  return !rows;
+#else
+  return false;
+#endif
 }
 
 void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, float* m, float* l,
@@ -1000,6 +1121,8 @@ void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t 
 #elif !defined(ETS_NEON)  // no AVX2 nor NEON (attention_decode_neon.cpp): attention.cpp's generic tile runs these rows
 
 bool decode_attention_applies(const AttnArgs&) { return false; }
+
+bool decode_reads_tiles() { return false; }
 
 void attend_decode(const AttnArgs&, int64_t, int64_t, int64_t, int64_t, float*, float*, float*) {}
 

@@ -9,13 +9,18 @@
 // less their zero point, vpmaddwd; eight keys' lanes reduced at a time, and
 // the softmax's maxima taken as they are made) and the weighted sums
 // take 7-bit weights (vpmaddubsw and vpmaddwd over quads of keys: the widest
-// that vpmaddubsw's saturating words hold exactly). Rows a few blocks ahead
-// are prefetched while a block is worked, so a long cache streams from memory.
+// that vpmaddubsw's saturating words hold exactly). Over caches in
+// kv_layout.h's tiles (head dim 64), which llm_kernels.cpp chooses on the AVX2
+// tier, the same integer products come straight out of the layout: four dims
+// of eight keys per key-tile vector (scores with no horizontal sums), the
+// value quads as the weighted sums take them; the output is bit for bit the
+// rows' (kernel_check). Rows a few blocks ahead are prefetched while a block
+// is worked, so a long cache streams from memory.
 //
 // For the rows that attention.cpp's generic tile handles slowest at long
 // context: one query row (a decode step), int8 keys and values in
-// position-major rows, head dim 64 or 128, at most 8 query heads per kv head
-// and 64 in all.
+// position-major rows (or those tiles), head dim 64 or 128, at most 8 query
+// heads per kv head and 64 in all.
 #pragma once
 
 #include "attention.h"
@@ -26,7 +31,15 @@ namespace etserve {
 
 // Whether attend_decode can run query rows of `a` (any row count: it runs one
 // row at a time). Needs AVX2 and FMA at compile time, or NEON (attention_decode_neon.cpp).
+// Caches in rows, or, built for AVX2 without AVX-512, tiled ones (kv_layout.h) with int8
+// queries.
 bool decode_attention_applies(const AttnArgs& a);
+
+// Whether this build's decode kernel would rather read int8 caches of head dim 64 in
+// kv_layout.h's tiled layouts (AVX2 without AVX-512: eight keys' scores a vector with no
+// horizontal sums, the value quads as stored); the generic tile reads either layout.
+// $ETSERVE_ATTENTION=generic keeps them in rows.
+bool decode_reads_tiles();
 
 // Query row i of batch b, every head, over keys [j0, j1) (cut further by the
 // causal limit): block by block, each block's rows of every kv head in turn,

@@ -294,6 +294,8 @@ bool decode_attention_applies(const AttnArgs& a) {
   return a.k.i8 != nullptr && a.v.i8 != nullptr && a.k.tiled == 0 && a.v.tiled == 0 && pick(a) != nullptr;
 }
 
+bool decode_reads_tiles() { return false; }
+
 void attend_decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, float* m, float* l,
                    float* acc) {
   pick(a)(a, b, i, j0, j1, m, l, acc);

@@ -21,6 +21,7 @@
 
 #include "attention.h"
 #include "attention_amx.h"
+#include "attention_decode.h"
 #include "kernel_isa.h"
 #include "linear_q4.h"
 
@@ -168,6 +169,8 @@ void run_attention(const AttnArgs& a) { kernels().run_attention(&a); }
 int attention_kernel(int want) { return kernels().attention_kernel(want); }
 
 bool amx_attention_supported() { return kernels().amx_supported(); }
+
+bool decode_reads_tiles() { return kernels().decode_reads_tiles(); }
 
 Tensor& linear_q4_out(KernelRuntimeContext& ctx, const Tensor& input, const Tensor& weight, const Tensor& scales,
                       const Tensor& row_sums, const std::optional<Tensor>& bias, Tensor& out) {

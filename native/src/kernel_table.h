@@ -13,6 +13,7 @@ struct EtsKernelTable {
   void (*run_attention)(const void* args);  // const etserve::AttnArgs*
   int (*attention_kernel)(int want);
   bool (*amx_supported)();
+  bool (*decode_reads_tiles)();  // attention_decode.h
   executorch::aten::Tensor& (*linear_q4_out)(executorch::runtime::KernelRuntimeContext& ctx,
                                              const executorch::aten::Tensor& input,
                                              const executorch::aten::Tensor& weight,

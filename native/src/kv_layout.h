@@ -4,7 +4,9 @@
 // per layer for the keys and one for the values, position-major. The AMX
 // attention tile (attention_amx.cpp) wants them as its tile operands, so that
 // a decode step reads them straight into tiles instead of transposing (keys)
-// and interleaving (values) every cached position again at every step:
+// and interleaving (values) every cached position again at every step; the
+// AVX2 decode kernel (attention_decode.cpp) reads the same layout, four dims
+// of eight keys a vector and the value quads as stored:
 //
 //   keys:   per 64 positions and kv head, 4 tiles of 16 positions, each
 //           [16 dim quads][16 positions][4 dims]   (TDPBSSD's B operand of Q K^T)
@@ -17,8 +19,11 @@
 // The tensor keeps its shape and bytes count; only the kernels that read and
 // write it (llama::update_cache, llama::custom_quantized_sdpa, the snapshots
 // of kv_cache.cpp) know. A cache is converted in place the first time the AMX
-// kernel attends over it, and back to rows if the generic kernel is chosen
-// later; each model keeps the list of its converted caches.
+// kernel or the AVX2 tier's attends over it (llm_kernels.cpp), and back to
+// rows if the generic kernel is chosen later on an AMX host; attention.cpp's
+// generic tile copies a block's rows out of the tiles where it meets them
+// (prefill and verify rows on the AVX2 tier). Each model keeps the list of its
+// converted caches.
 #pragma once
 
 #include <cstddef>

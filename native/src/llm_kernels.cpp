@@ -2,6 +2,7 @@
 #include "llm_kernels.h"
 
 #include "attention.h"
+#include "attention_decode.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
 #include "kv_slots.h"
@@ -158,8 +159,9 @@ void f32_operand(const Tensor& t, AttnOperand* x) {
   x->sb = ts[0], x->ss = ts[1], x->sh = ts[2];
 }
 
-// The layout a model's int8 caches are read in (kv_layout.h): the AMX tile's
-// while the AMX kernel attends, when the caches are whole [1, S, Hkv, 64]
+// The layout a model's int8 caches are read in (kv_layout.h): the tiled one
+// while the AMX kernel attends, or where the tier's decode kernel reads tiles
+// (attention_decode.h: AVX2), when the caches are whole [1, S, Hkv, 64]
 // tensors with S a multiple of 64; else rows. Converts them in place when the
 // kernel changed, and tells the operands.
 void choose_layouts(const Tensor& kc, const Tensor& vc, AttnOperand* k, AttnOperand* v) {
@@ -170,7 +172,7 @@ void choose_layouts(const Tensor& kc, const Tensor& vc, AttnOperand* k, AttnOper
     const auto st = t.strides();
     return st[3] == 1 && st[2] == D && st[1] == H * D;
   };
-  const bool want = attention_kernel(-1) == 1 && D == 64 && kc.size(0) == 1 &&
+  const bool want = (attention_kernel(-1) == 1 || decode_reads_tiles()) && D == 64 && kc.size(0) == 1 &&
                     S % kLayoutBlock == 0 && dense(kc) && dense(vc) &&
                     kc.const_data_ptr() != vc.const_data_ptr();
   const struct {
@@ -186,6 +188,8 @@ void choose_layouts(const Tensor& kc, const Tensor& vc, AttnOperand* k, AttnOper
       if (now != KvLayout::kRows) to_rows(now, data, S, H);
       if (to != KvLayout::kRows) to_tiled(to, data, S, H);
       layouts->set(data, to, S, H);
+      ET_LOG(Info, "etserve: int8 KV cache of %lld positions to %s", static_cast<long long>(S),
+             to == KvLayout::kRows ? "rows" : "tiles");
     }
     c.x->tiled = static_cast<int>(to);
     c.x->hkv = H;

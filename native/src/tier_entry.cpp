@@ -9,6 +9,7 @@
 
 #include "attention.h"
 #include "attention_amx.h"
+#include "attention_decode.h"
 #include "kernel_isa.h"
 #include "linear_q4.h"
 #include "simd.h"
@@ -24,6 +25,7 @@ extern const EtsKernelTable ETS_CAT(ets_kernels_, ETS_TIER) = {
     [](const void* a) { etserve::run_attention(*static_cast<const etserve::AttnArgs*>(a)); },
     etserve::attention_kernel,
     etserve::amx_attention_supported,
+    etserve::decode_reads_tiles,
     etserve::linear_q4_out,
     etserve::linear_q4,
     etserve::simd::max_of,
