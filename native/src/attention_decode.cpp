@@ -465,6 +465,21 @@ class W7Scores {
 // with bp the block's largest y, u = round(2^(y - bp + log2(127))) at most 127 and
 // wsc = 2^(bp - mn log2(e)) / 127. The heads' maxima and their per-block arithmetic run with the
 // heads as lanes (reduce8x8); the weights head by head, packed to bytes four vectors at a time.
+// 2^x for x <= log2(127) (or -inf: 0) as the 7-bit weights need it, to within 2.7e-6 (3.4e-4 of
+// the top weight's 127: a weight's rounding moves only within that of a half): a degree-4 fit on
+// [-1/2, 1/2] (weighted least squares towards equal ripple), the exponent added to the bits;
+// below 2^-30 all round to 0.
+inline __m256 exp2_w7(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-30.f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(0.009570962f), f, _mm256_set1_ps(0.055917937f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24024723f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931218f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.9999993f));
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
+}
+
 template <int G>
 inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len) {
   const __m256 log2e = _mm256_set1_ps(kLog2e), lowest = _mm256_set1_ps(-INFINITY);
@@ -495,7 +510,6 @@ inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len) {
   _mm256_store_ps(hv, wv);
   for (int h = 0; h < G; ++h) sc.wsc[h] = hv[h];
 
-  const __m256 top = _mm256_set1_ps(kW7Top);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   __m256 S[8], zc[8];
   for (int h = 0; h < 8; ++h) S[h] = zc[h] = zero;
@@ -504,9 +518,9 @@ inline void w7_softmax(Scratch& sc, int64_t t0, int64_t D, int64_t len) {
     const float* y = sc.s + h * kBlock;
     uint8_t* wq = sc.wq + h * kBlock;
     auto weights = [&](int64_t v) {  // vector v's as int32
-      const __m256 u = _mm256_min_ps(
-          _mm256_round_ps(exp2_256(_mm256_sub_ps(_mm256_load_ps(y + 8 * v), bo)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-          top);
+      // at most 127 (1 + 2.7e-6): rounds to 127 at most, the widest vpmaddubsw takes exactly
+      const __m256 u = _mm256_round_ps(exp2_w7(_mm256_sub_ps(_mm256_load_ps(y + 8 * v), bo)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       S[h] = _mm256_fmadd_ps(u, _mm256_load_ps(sc.rv + 8 * v), S[h]);  // the weights as rounded: they and l agree
       zc[h] = _mm256_fmadd_ps(u, _mm256_loadu_ps(sc.vzp + 8 * v), zc[h]);  // integers below 2^24: exact
       return _mm256_cvtps_epi32(u);
@@ -583,15 +597,22 @@ inline void w7_weighted_sums_tiled(Scratch& sc, float* acc0, const int8_t* vt, i
   for (int c = 0; c < D / 8; ++c) {
     __m256i o[G];
     for (int h = 0; h < G; ++h) o[h] = _mm256_setzero_si256();
-    for (int64_t q = 0; q < nq; ++q) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vt + q * 256 + c * 32));
+    auto quads = [&](int64_t q, int n) {  // n (1 or 2) quads from q into each head's sum
       const uint8_t* wb = sc.wq + 4 * q;
       asm("" : "+r"(wb));  // the heads' weights at constant offsets from it
+      const int8_t* x = vt + q * 256 + c * 32;
       for (int h = 0; h < G; ++h) {
-        const __m256i w = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(wb + h * kBlock));
-        o[h] = _mm256_add_epi32(o[h], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+        auto one = [&](int k) {
+          const __m256i w = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(wb + h * kBlock + 4 * k));
+          return _mm256_madd_epi16(
+              _mm256_maddubs_epi16(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 256 * k))), ones);
+        };
+        o[h] = _mm256_add_epi32(o[h], n == 2 ? _mm256_add_epi32(one(0), one(1)) : one(0));
       }
-    }
+    };
+    int64_t q = 0;
+    for (; q + 2 <= nq; q += 2) quads(q, 2);  // two a step: half the loop's copies of the sums
+    if (q < nq) quads(q, 1);
     for (int h = 0; h < G; ++h) {
       float* acc = acc0 + h * D + c * 8;
       _mm256_store_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(o[h], _mm256_set1_epi32(sc.wzc[h]))),
