@@ -278,7 +278,11 @@ int ets_kv_copy(ets_model* m, int src, int dst, int64_t n_positions) {
     const char* from = m->slots.data_of(c.data, src);
     char* to = m->slots.data_of(c.data, dst);
     const etserve::KvLayout lf = m->kv_layouts.of(from), lt = m->kv_layouts.of(to);
-    if (lf != lt) return m->fail(ETS_ERR_STATE, "two slots hold a cache in different layouts");
+    // A slot no attention has read since it was made holds its caches in rows (llm_kernels.cpp
+    // converts a slot's at its first attention): the copy defines the destination's positions
+    // [0, n) and nothing after them is read again before it is written, so the destination
+    // takes the source's layout as it is.
+    if (lf != lt) m->kv_layouts.set(to, lf, c.rows, c.heads);
     size_t bytes;
     if (lf != etserve::KvLayout::kRows) {  // whole blocks of 64 positions are contiguous
       const int64_t blocks = (n_positions + etserve::kLayoutBlock - 1) / etserve::kLayoutBlock;

@@ -163,8 +163,12 @@ void f32_operand(const Tensor& t, AttnOperand* x) {
 // while the AMX kernel attends, or where the tier's decode kernel reads tiles
 // (attention_decode.h: AVX2), when the caches are whole [1, S, Hkv, 64]
 // tensors with S a multiple of 64; else rows. Converts them in place when the
-// kernel changed, and tells the operands.
-void choose_layouts(const Tensor& kc, const Tensor& vc, AttnOperand* k, AttnOperand* v) {
+// kernel changed, and tells the operands. Only the blocks holding the first `keys` positions
+// (all this call reads, and all a cache holds before its first attention: what update_cache,
+// a restore or a slot copy wrote) are converted: the rest of a slot's cache is pages never
+// touched, which a conversion would make resident (and the KV budget would count), or rows no
+// call reads before writing them again in the new layout.
+void choose_layouts(const Tensor& kc, const Tensor& vc, int64_t keys, AttnOperand* k, AttnOperand* v) {
   KvLayouts* layouts = current_kv_layouts();
   if (layouts == nullptr) return;  // a kernel called on its own: rows
   const int64_t S = kc.size(1), H = kc.size(2), D = kc.size(3);
@@ -185,8 +189,9 @@ void choose_layouts(const Tensor& kc, const Tensor& vc, AttnOperand* k, AttnOper
     const KvLayout now = layouts->of(data);
     const KvLayout to = want ? c.tiled : KvLayout::kRows;
     if (now != to) {
-      if (now != KvLayout::kRows) to_rows(now, data, S, H);
-      if (to != KvLayout::kRows) to_tiled(to, data, S, H);
+      const int64_t n = std::min(S, (keys + kLayoutBlock - 1) / kLayoutBlock * kLayoutBlock);
+      if (now != KvLayout::kRows) to_rows(now, data, n, H);
+      if (to != KvLayout::kRows) to_tiled(to, data, n, H);
       layouts->set(data, to, S, H);
       ET_LOG(Info, "etserve: int8 KV cache of %lld positions to %s", static_cast<long long>(S),
              to == KvLayout::kRows ? "rows" : "tiles");
@@ -268,7 +273,7 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
           !quant_operand(ctx, op, "key", kc, qp->k_zp, qp->k_scale, &a.k) ||
           !quant_operand(ctx, op, "value", vc, qp->v_zp, qp->v_scale, &a.v))
         return false;
-      choose_layouts(kc, vc, &a.k, &a.v);
+      choose_layouts(kc, vc, keys, &a.k, &a.v);
       a.q.i8 += r0 * a.q.ss;
       a.q.scale += r0 * a.q.sc_ss;
       a.q.zero_point += r0 * a.q.zp_ss;
