@@ -787,8 +787,7 @@ std::atomic<int> g_kernel{-1};
 int kernel_choice() {
   int k = g_kernel.load(std::memory_order_relaxed);
   if (k >= 0) return k;
-  const char* env = std::getenv("ETSERVE_ATTENTION");
-  k = amx_attention_supported() && !(env && std::strcmp(env, "generic") == 0) ? 1 : 0;
+  k = amx_attention_supported() && !attention_forced_generic() ? 1 : 0;
   g_kernel.store(k, std::memory_order_relaxed);
   return k;
 }

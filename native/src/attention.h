@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace etserve {
 
@@ -52,5 +54,14 @@ void run_attention(const AttnArgs& a);
 // was asked for and this CPU or OS lacks it. Chosen at first use: AMX where
 // supported unless $ETSERVE_ATTENTION=generic.
 int attention_kernel(int want);
+
+// $ETSERVE_ATTENTION=generic: the generic kernels only (no AMX tiles), the int8 caches in rows.
+inline bool attention_forced_generic() {
+  static const bool forced = [] {
+    const char* env = std::getenv("ETSERVE_ATTENTION");
+    return env != nullptr && std::strcmp(env, "generic") == 0;
+  }();
+  return forced;
+}
 
 }  // namespace etserve

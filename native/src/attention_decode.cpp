@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 namespace etserve {
@@ -1018,10 +1017,11 @@ void decode(const AttnArgs& a, int64_t b, int64_t i, int64_t j0, int64_t j1, flo
       int16_t raw[kMaxD];
       const int32_t sum = raw_query(a, b, i, t, D, raw, sc.q8zp[t], sc.q8sc[t]);
       sc.q8sum[t] = sum - static_cast<int32_t>(D) * sc.q8zp[t];
-      int16_t* q2 = sc.q2 + t * 2 * D;
-      for (int d = 0; d < D; ++d)  // dim d of 8-dim chunk c at 16 c + d % 8, and 8 on
-        q2[d + (d & ~7)] = q2[d + (d & ~7) + 8] = static_cast<int16_t>(raw[d] - sc.q8zp[t]);
-      if (a.k.tiled != 0) {  // decode_block_tiled's pairs, (q0, q2) and (q1, q3) of each dim quad
+      if (a.k.tiled == 0) {
+        int16_t* q2 = sc.q2 + t * 2 * D;
+        for (int d = 0; d < D; ++d)  // dim d of 8-dim chunk c at 16 c + d % 8, and 8 on
+          q2[d + (d & ~7)] = q2[d + (d & ~7) + 8] = static_cast<int16_t>(raw[d] - sc.q8zp[t]);
+      } else {  // decode_block_tiled's pairs, (q0, q2) and (q1, q3) of each dim quad
         auto pair = [&](int d0, int d1) {
           const uint16_t lo = static_cast<uint16_t>(raw[d0] - sc.q8zp[t]), hi = static_cast<uint16_t>(raw[d1] - sc.q8zp[t]);
           return _mm256_set1_epi32(static_cast<int32_t>(lo | (uint32_t(hi) << 16)));
@@ -1124,11 +1124,7 @@ bool decode_attention_applies(const AttnArgs& a) {
 
 bool decode_reads_tiles() {
 #if defined(ETS_DECODE_I16)
-  static const bool rows = [] {  // $ETSERVE_ATTENTION=generic: the caches stay in rows
-    const char* env = std::getenv("ETSERVE_ATTENTION");
-    return env != nullptr && std::strcmp(env, "generic") == 0;
-  }();
-  return !rows;
+  return !attention_forced_generic();
 #else
   return false;
 #endif

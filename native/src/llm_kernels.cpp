@@ -163,12 +163,12 @@ void f32_operand(const Tensor& t, AttnOperand* x) {
 // while the AMX kernel attends, or where the tier's decode kernel reads tiles
 // (attention_decode.h: AVX2), when the caches are whole [1, S, Hkv, 64]
 // tensors with S a multiple of 64; else rows. Converts them in place when the
-// kernel changed, and tells the operands. Only the blocks holding the first `keys` positions
-// (all this call reads, and all a cache holds before its first attention: what update_cache,
-// a restore or a slot copy wrote) are converted: the rest of a slot's cache is pages never
-// touched, which a conversion would make resident (and the KV budget would count), or rows no
-// call reads before writing them again in the new layout.
-void choose_layouts(const Tensor& kc, const Tensor& vc, int64_t keys, AttnOperand* k, AttnOperand* v) {
+// kernel changed, and tells the operands. Only the blocks holding the first `written` positions
+// (the call's own rows and all before them: all a cache can hold before its first attention,
+// what update_cache, a restore or a slot copy wrote) are converted: the rest of a slot's cache
+// is pages never touched, which a conversion would make resident (and the KV budget would
+// count), or rows no call reads before writing them again in the new layout.
+void choose_layouts(const Tensor& kc, const Tensor& vc, int64_t written, AttnOperand* k, AttnOperand* v) {
   KvLayouts* layouts = current_kv_layouts();
   if (layouts == nullptr) return;  // a kernel called on its own: rows
   const int64_t S = kc.size(1), H = kc.size(2), D = kc.size(3);
@@ -189,7 +189,7 @@ void choose_layouts(const Tensor& kc, const Tensor& vc, int64_t keys, AttnOperan
     const KvLayout now = layouts->of(data);
     const KvLayout to = want ? c.tiled : KvLayout::kRows;
     if (now != to) {
-      const int64_t n = std::min(S, (keys + kLayoutBlock - 1) / kLayoutBlock * kLayoutBlock);
+      const int64_t n = std::min(S, (written + kLayoutBlock - 1) / kLayoutBlock * kLayoutBlock);
       if (now != KvLayout::kRows) to_rows(now, data, n, H);
       if (to != KvLayout::kRows) to_tiled(to, data, n, H);
       layouts->set(data, to, S, H);
@@ -264,16 +264,21 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
   if (q.numel() == 0) return;
   const auto os = out.strides();
 
-  // Query rows [r0, r0 + rows) at positions start.., over the first `keys` positions of the
-  // caches (in the slot kv_resolve gives now).
-  auto attend = [&](int64_t r0, int64_t rows, int64_t start, int64_t keys) -> bool {
+  // Query rows [r0, r0 + n_rows) at positions start.., over the first `keys` positions of the
+  // caches (in the slot kv_resolve gives now). The call's rows end at position `written`
+  // (a mask may let them see more keys than that: none was written there).
+  const KvRows* rows = current_kv_rows();
+  int64_t written = start_pos + S;
+  if (rows != nullptr)
+    for (int64_t r = 0; r < rows->n; ++r) written = std::max(written, rows->pos[r] + 1);
+  auto attend = [&](int64_t r0, int64_t n_rows, int64_t start, int64_t keys) -> bool {
     AttnArgs a;
     if (qp) {
       if (!quant_operand(ctx, op, "query", q, qp->q_zp, qp->q_scale, &a.q) ||
           !quant_operand(ctx, op, "key", kc, qp->k_zp, qp->k_scale, &a.k) ||
           !quant_operand(ctx, op, "value", vc, qp->v_zp, qp->v_scale, &a.v))
         return false;
-      choose_layouts(kc, vc, keys, &a.k, &a.v);
+      choose_layouts(kc, vc, written, &a.k, &a.v);
       a.q.i8 += r0 * a.q.ss;
       a.q.scale += r0 * a.q.sc_ss;
       a.q.zero_point += r0 * a.q.zp_ss;
@@ -285,7 +290,7 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
     }
     a.o = out.mutable_data_ptr<float>() + r0 * os[1];
     a.o_sb = os[0], a.o_ss = os[1], a.o_sh = os[2];
-    a.B = B, a.S = rows, a.H = H, a.Hkv = Hkv, a.D = D;
+    a.B = B, a.S = n_rows, a.H = H, a.Hkv = Hkv, a.D = D;
     a.n_kv = keys;
     a.start_pos = start;
     a.causal = is_causal;
@@ -297,7 +302,6 @@ void attention_checked(KernelRuntimeContext& ctx, const char* op, const Tensor& 
     return true;
   };
 
-  const KvRows* rows = current_kv_rows();
   if (rows == nullptr) {
     attend(0, S, start_pos, n_kv);
     return;
