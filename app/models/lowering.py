@@ -341,15 +341,64 @@ def skip_idle_edge_passes() -> Iterator[list]:
                 cls.call = original
 
 
+def _holds_target(gm, target) -> bool:
+    return any(n.op == "call_function" and n.target == target for n in gm.graph.nodes)
+
+
+@contextlib.contextmanager
+def skip_unmatchable_patterns() -> Iterator[list]:
+    """Two of XNNPACK's preprocess passes look for a pattern in each partition: ``ConvertToSDPAPass``
+    (a decomposed attention: every one of its patterns holds ``aten._softmax``) and
+    ``ConvertToUpsampleBilinear2d`` (each of its patterns is ``aten.upsample_bilinear2d.vec``).
+    Their patterns are exported and lowered on first use, 2.3 s and 3.3 s once per process, and so
+    once in each preprocess worker; a partition without that operator cannot match any of them.
+    Inside this block such a partition's pass runs with no patterns (the pass's own recompile and
+    retrace still run): the same graph, without building what it cannot use. Yields the decisions,
+    ``(pass name, skipped)`` per call."""
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    decisions: list = []
+    patched = []
+    for cls, module, getter, empty, anchor in (
+            (ConvertToSDPAPass, sdpa, "get_graphs", list, exir_ops.edge.aten._softmax.default),
+            (ConvertToUpsampleBilinear2d, bilinear_2d, "get_graphs_dict", dict, exir_ops.edge.aten.upsample_bilinear2d.vec)):
+        original = cls.__dict__["call"]
+
+        def call(self, graph_module, _cls=cls, _original=original, _module=module, _getter=getter, _empty=empty,
+                 _anchor=anchor):
+            if _holds_target(graph_module, _anchor):
+                decisions.append((_cls.__name__, False))
+                return _original(self, graph_module)
+            decisions.append((_cls.__name__, True))
+            patterns = getattr(_module, _getter)
+            setattr(_module, _getter, _empty)
+            try:
+                return _original(self, graph_module)
+            finally:
+                setattr(_module, _getter, patterns)
+
+        cls.call = call
+        patched.append((cls, original))
+    try:
+        yield decisions
+    finally:
+        for cls, original in patched:
+            cls.call = original
+
+
 @contextlib.contextmanager
 def faster_lowering(functional: Iterable = ()) -> Iterator[list]:
     """While active, ``to_edge_transform_and_lower`` preprocesses XNNPACK partitions in parallel,
-    recompiles the partitioned module once, shares provenance records and skips idle decompositions
+    recompiles the partitioned module once, shares provenance records, builds XNNPACK's pattern graphs
+    only for partitions that could match them, and skips idle decompositions
     (``functional``: see ``skip_idle_decompositions``) and edge passes (``ETSERVE_LOWER_SKIP_DECOMP=0``
     runs them all).
     Yields that skipping's decisions (see the module docstring)."""
     skip = os.environ.get("ETSERVE_LOWER_SKIP_DECOMP", "1") != "0"
-    with _parallel_preprocess(), _deferred_recompile(), shared_provenance(), \
+    with skip_unmatchable_patterns(), _parallel_preprocess(), _deferred_recompile(), shared_provenance(), \
             (skip_idle_decompositions(functional) if skip else contextlib.nullcontext([])) as decisions, \
             (skip_idle_edge_passes() if skip else contextlib.nullcontext([])):
         yield decisions

@@ -184,3 +184,52 @@ def test_idle_edge_passes_are_skipped_and_busy_ones_run():
         assert "aten.t_copy.default" in targets(result.graph_module)  # the pass ran
     assert decisions == [("NormalizeTransposePass", True), ("NormalizeTransposePass", False)]
     assert NormalizeTransposePass.__dict__.get("call") is before
+
+
+def test_pattern_passes_build_their_patterns_only_where_they_could_match():
+    """XNNPACK's SDPA and bilinear-upsampling passes over a partition without their operator run with
+    no patterns: the same program, byte for byte; a partition holding a softmax still gets its
+    patterns. That skip is exact only while every pattern holds its pass's operator (a subgraph match
+    needs each of the pattern's operators in the graph): checked on this executorch's patterns."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 32)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.a(x))
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def lower(model, args, patterns):
+        ep = _exported(model.eval(), *args)
+        with (lowering.skip_unmatchable_patterns() if patterns == "skip" else contextlib.nullcontext([])) as decisions:
+            program = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+        return program.buffer, decisions
+
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+
+    getters = (sdpa.get_graphs, bilinear_2d.get_graphs_dict, ConvertToSDPAPass.call)
+    qkv = [torch.randn(1, 2, 6, 8) for _ in range(3)]
+    mask = torch.zeros(6, 6)
+    plain, x = Plain(), [torch.randn(3, 16)]
+    reference, _ = lower(plain, x, "all")
+    program, decisions = lower(plain, x, "skip")
+    assert program == reference
+    assert sorted(decisions) == [("ConvertToSDPAPass", True), ("ConvertToUpsampleBilinear2d", True)]
+    reference, _ = lower(Attention(), [*qkv, mask], "all")
+    program, decisions = lower(Attention(), [*qkv, mask], "skip")
+    assert program == reference
+    assert ("ConvertToSDPAPass", False) in decisions, decisions
+    assert (sdpa.get_graphs, bilinear_2d.get_graphs_dict, ConvertToSDPAPass.call) == getters
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    for patterns, anchor in ((sdpa.get_graphs(), exir_ops.edge.aten._softmax.default),
+                             (bilinear_2d.get_graphs(), exir_ops.edge.aten.upsample_bilinear2d.vec)):
+        assert patterns and all(lowering._holds_target(gm, anchor) for gm in patterns), anchor

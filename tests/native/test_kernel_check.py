@@ -38,45 +38,52 @@ def need_aarch64_tools():
 
 
 def test_kernel_check_on_aarch64_under_emulation():
+    """`make ARCH=aarch64 check`: the cross build, run under qemu's default CPU ("max", with the dot
+    products): the dotprod set's kernels."""
     need_aarch64_tools()
     out = make_check("ARCH=aarch64")
     last = out.splitlines()[-1]
-    assert last.startswith("kernel_check (") and ", 0 failed" in last, out[-2000:]
+    assert last.startswith("kernel_check (neon-dotprod kernels)") and ", 0 failed" in last, out[-2000:]
 
 
 CHECK_AARCH64 = NATIVE / "build" / "check-aarch64" / "kernel_check"
 
 
-# (qemu CPU model, ETSERVE_ISA, the kernel set that must run): qemu's "max" has the ARMv8.2 dot
-# products (HWCAP_ASIMDDP), its Cortex-A53 only Advanced SIMD; ETSERVE_ISA=scalar forces the
-# portable loops. On aarch64 kernel_check also holds the NEON sets' 4-bit linear to the scalar
-# set's bits.
-@pytest.mark.parametrize("cpu,isa,kernels", [
-    ("max", "", "neon-dotprod"),
-    ("cortex-a53", "", "neon"),
-    ("max", "neon", "neon"),
-    ("max", "scalar", "scalar"),
-    ("cortex-a53", "scalar", "scalar"),
-])
-def test_each_aarch64_tier_passes_the_kernel_check_under_emulation(cpu, isa, kernels):
+def run_aarch64(cpu: str, isa: str, *args: str) -> subprocess.CompletedProcess:
     need_aarch64_tools()
     make_check("ARCH=aarch64", target="build/check-aarch64/kernel_check")  # built, run below
-    out = subprocess.run(["qemu-aarch64-static", "-cpu", cpu, str(CHECK_AARCH64)], capture_output=True, text=True,
-                         timeout=600, env={"ETSERVE_ISA": isa, "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(["qemu-aarch64-static", "-cpu", cpu, str(CHECK_AARCH64), *args], capture_output=True,
+                         text=True, timeout=600, env={"ETSERVE_ISA": isa, "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return out
+
+
+# (qemu CPU model, ETSERVE_ISA, the kernel set that must run), the whole check: qemu's Cortex-A53
+# has only Advanced SIMD (no ARMv8.2 dot products, HWCAP_ASIMDDP); ETSERVE_ISA=scalar forces the
+# portable loops. (The dotprod set runs in the test above.) On aarch64 kernel_check also holds the
+# NEON sets' 4-bit linear to the scalar set's bits.
+@pytest.mark.parametrize("cpu,isa,kernels", [
+    ("cortex-a53", "", "neon"),
+    ("max", "scalar", "scalar"),
+])
+def test_each_aarch64_tier_passes_the_kernel_check_under_emulation(cpu, isa, kernels):
+    out = run_aarch64(cpu, isa)
     assert f"kernel_check ({kernels} kernels)" in out.stdout and ", 0 failed" in out.stdout, out.stdout[-2000:]
 
 
-def test_an_aarch64_cpu_without_dot_products_refuses_the_dotprod_tier():
-    """Asked for the dotprod set on a CPU without SDOT/UDOT (qemu's Cortex-A53): the plain NEON set
-    runs, with a message naming what was refused (an UDOT there would be SIGILL)."""
-    need_aarch64_tools()
-    make_check("ARCH=aarch64", target="build/check-aarch64/kernel_check")  # built, run below
-    out = subprocess.run(["qemu-aarch64-static", "-cpu", "cortex-a53", str(CHECK_AARCH64)], capture_output=True,
-                         text=True, timeout=600, env={"ETSERVE_ISA": "neon-dotprod", "PATH": "/usr/bin:/bin"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "kernel_check (neon kernels)" in out.stdout and ", 0 failed" in out.stdout
-    assert "ETSERVE_ISA=neon-dotprod: this CPU or OS lacks it; using neon" in out.stderr, out.stderr[-2000:]
+# The choice alone (`kernel_check --tier`: no cases; each set's cases run above): a lower set asked
+# for on a bigger CPU, and a set the CPU lacks refused with a message naming it (an UDOT on a
+# Cortex-A53 would be SIGILL).
+@pytest.mark.parametrize("cpu,isa,kernels,refused", [
+    ("max", "neon", "neon", False),
+    ("cortex-a53", "scalar", "scalar", False),
+    ("cortex-a53", "neon-dotprod", "neon", True),
+])
+def test_each_aarch64_cpu_gets_the_kernel_set_asked_for_or_the_best_it_has(cpu, isa, kernels, refused):
+    out = run_aarch64(cpu, isa, "--tier")
+    assert out.stdout.strip() == f"kernel_check ({kernels} kernels): tier only", out.stdout[-2000:]
+    message = f"ETSERVE_ISA={isa}: this CPU or OS lacks it; using {kernels}"
+    assert (message in out.stderr) == refused, out.stderr[-2000:]
 
 
 def test_only_the_dotprod_set_has_dot_product_instructions():
@@ -136,14 +143,15 @@ def test_each_x86_tier_the_host_has_passes_the_kernel_check(tier):
 def test_a_cpu_without_avx_picks_the_scalar_tier_under_emulation():
     """A baseline x86-64 CPU (qemu's Nehalem model: SSE4.2, no AVX) starts on the scalar kernels
     instead of crashing. (qemu's TCG executes AVX even on that model, so what this proves is the
-    choice; the next test proves the scalar set and the rest have no vector extensions in them.)"""
+    choice, `kernel_check --tier`; the scalar set's cases run in the tier test above, and the next
+    test proves the scalar set and the rest have no vector extensions in them.)"""
     if shutil.which("qemu-x86_64-static") is None:
         pytest.skip("no qemu-x86_64-static (Debian qemu-user-static: make system-packages)")
     make_check()
-    out = subprocess.run(["qemu-x86_64-static", "-cpu", "Nehalem", str(CHECK_X86)], capture_output=True, text=True,
-                         timeout=300, env={"ETSERVE_ISA": "avx2", "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(["qemu-x86_64-static", "-cpu", "Nehalem", str(CHECK_X86), "--tier"], capture_output=True,
+                         text=True, timeout=300, env={"ETSERVE_ISA": "avx2", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "kernel_check (scalar kernels)" in out.stdout and ", 0 failed" in out.stdout
+    assert out.stdout.strip() == "kernel_check (scalar kernels): tier only", out.stdout[-2000:]
     # asked for a tier the CPU lacks: refused with a message naming it, and the best it has runs
     assert "ETSERVE_ISA=avx2: this CPU or OS lacks it; using scalar" in out.stderr, out.stderr[-2000:]
 
