@@ -12,9 +12,11 @@ same runtime libetserve.so uses, and a second registration of ``llama::update_ca
 
     python -m app.models.eager MODEL_DIR REQUEST_JSON OUT_NPZ
 
-scores each sequence of REQUEST_JSON, a list of {"tokens": [ids], "from": N}: the logits the
-eager model gives at every position (one forward call from position 0), rows N.. only, saved as
-float32 [rows, vocab] arrays arr_0, arr_1, ... in OUT_NPZ.
+scores each sequence of REQUEST_JSON, a list of {"tokens": [ids], "from": N} or
+{"tokens": [ids], "rows": [i, j, ...]}: the logits the eager model gives at every position (one
+forward call from position 0), rows N.. only or the rows listed (only those go through the output
+projection: a vocabulary of 152k makes it a fifth of a long prompt's forward), saved as float32
+[rows, vocab] arrays arr_0, arr_1, ... in OUT_NPZ.
 """
 
 from __future__ import annotations
@@ -100,12 +102,40 @@ def load_eager_model(model_dir: Path, work_dir: Path, kv_cache: str | None = Non
     return model.eval()
 
 
-def eager_logits(model, tokens: Sequence[int]):
-    """float32 [len(tokens), vocab]: the logits at each position, one forward call from 0."""
+class _Rows:
+    """The output projection of some positions only (``torch.nn.Module``'s call, built lazily)."""
+
+    def __new__(cls, output, rows):
+        import torch
+
+        class Rows(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.output = output
+                self.register_buffer("rows", torch.tensor(list(rows), dtype=torch.long), persistent=False)
+
+            def forward(self, h):
+                return self.output(h[:, self.rows])
+
+        return Rows()
+
+
+def eager_logits(model, tokens: Sequence[int], rows: Sequence[int] | None = None):
+    """float32 [len(tokens), vocab]: the logits at each position, one forward call from 0; with
+    ``rows``, [len(rows), vocab]: those positions' (the same values: each row is projected alone)."""
     import torch
 
-    with torch.no_grad():
-        out = model(torch.tensor([list(tokens)], dtype=torch.long), {"input_pos": torch.tensor([0])})
+    output = getattr(model, "output", None)
+    if rows is not None:
+        if output is None:
+            raise ValueError("this model has no output projection to select rows for")
+        model.output = _Rows(output, rows)
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([list(tokens)], dtype=torch.long), {"input_pos": torch.tensor([0])})
+    finally:
+        if rows is not None:
+            model.output = output
     if isinstance(out, tuple):
         out = out[0]
     return out[0].float().numpy()
@@ -116,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m app.models.eager", description=__doc__.split("\n\n")[0])
     p.add_argument("model_dir", type=Path)
-    p.add_argument("request", type=Path, help='JSON list of {"tokens": [ids], "from": first row to keep}')
+    p.add_argument("request", type=Path,
+                   help='JSON list of {"tokens": [ids], "from": first row to keep} or {"tokens": [ids], "rows": [ids]}')
     p.add_argument("out", type=Path, help=".npz file for the logits")
     p.add_argument("--kv-cache", choices=("fp32", "int8"), default=None,
                    help="the cache to run with (default: the build's); the weights stay the build's")
@@ -127,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         model = load_eager_model(args.model_dir, work, args.kv_cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the model holds its weights in memory
-    np.savez(args.out, *[eager_logits(model, r["tokens"])[r.get("from", 0):] for r in request])
+    np.savez(args.out, *[eager_logits(model, r["tokens"], r["rows"]) if "rows" in r
+                         else eager_logits(model, r["tokens"])[r.get("from", 0):] for r in request])
 
 
 if __name__ == "__main__":

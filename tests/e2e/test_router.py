@@ -158,22 +158,22 @@ def test_a_request_waiting_for_room_is_served_when_it_frees(router, qwen_dir):
 
 def test_a_model_is_freed_only_once_its_last_step_has_ended(models_dir):
     """A stream's client leaves while its step runs in the native thread pool (each step held
-    back 1 s by a test-only fault; keep-alive comments every 0.1 s, so the server sees the client
+    back 0.5 s by a test-only fault; keep-alive comments every 0.1 s, so the server sees the client
     gone mid-step). Its model is then needed for another: it is freed only once that step has
     ended. (Freed at the response's close, the step ran on a freed runtime: the worker died when
     the free came during the computation.)"""
     srv = Server(models_dir, {"ETSERVE_MODELS_DIR": str(models_dir), "ETSERVE_MODELS_MAX": "1",
-                              "ETSERVE_MODEL": "qwen", "ETSERVE_FAULT_INJECT": "slow_forward:1",
+                              "ETSERVE_MODEL": "qwen", "ETSERVE_FAULT_INJECT": "slow_forward:0.5",
                               "ETSERVE_SSE_KEEPALIVE": "0.1"})
     try:
         srv.wait_ready()
-        assert complete(srv, "qwen").status_code == 200
+        assert complete(srv, "qwen", max_tokens=1).status_code == 200  # loaded: the stream's step is its prompt's
         stream = requests.post(srv.base_url + "/v1/completions", stream=True, timeout=120,
                                json={"model": "qwen", "prompt": "1, 2, 3,", "max_tokens": 50, "stream": True})
         assert stream.status_code == 200
         assert next(stream.iter_lines()) == b": keep-alive"  # its prompt's step under way
         stream.close()
-        r = complete(srv, "smollm2")  # Qwen's room: Qwen goes, once its step has ended
+        r = complete(srv, "smollm2", max_tokens=1)  # Qwen's room: Qwen goes, once its step has ended
         assert r.status_code == 200, r.text
         assert statuses(srv) == {"qwen": "unloaded", "smollm2": "loaded"}
         log = srv.log_path.read_text(errors="replace")
