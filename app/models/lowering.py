@@ -362,9 +362,10 @@ def skip_unmatchable_patterns() -> Iterator[list]:
 
     decisions: list = []
     patched = []
+    upsample = exir_ops.edge.aten.upsample_bilinear2d.vec
     for cls, module, getter, empty, anchor in (
             (ConvertToSDPAPass, sdpa, "get_graphs", list, exir_ops.edge.aten._softmax.default),
-            (ConvertToUpsampleBilinear2d, bilinear_2d, "get_graphs_dict", dict, exir_ops.edge.aten.upsample_bilinear2d.vec)):
+            (ConvertToUpsampleBilinear2d, bilinear_2d, "get_graphs_dict", dict, upsample)):
         original = cls.__dict__["call"]
 
         def call(self, graph_module, _cls=cls, _original=original, _module=module, _getter=getter, _empty=empty,
