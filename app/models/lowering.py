@@ -306,6 +306,23 @@ def _no_view_ops(gm) -> bool:
 
 
 @contextlib.contextmanager
+def _calls_replaced(patches: list) -> Iterator[None]:
+    """Each ``(pass class, call)``'s ``call`` replaced inside the block, the class's own (or none:
+    the inherited one) back after it."""
+    originals = [(cls, cls.__dict__.get("call")) for cls, _ in patches]
+    for cls, call in patches:
+        cls.call = call
+    try:
+        yield
+    finally:
+        for cls, original in originals:
+            if original is None:
+                del cls.call
+            else:
+                cls.call = original
+
+
+@contextlib.contextmanager
 def skip_idle_edge_passes() -> Iterator[list]:
     """Two of the edge dialect passes retrace the whole program to replace operators our graph no
     longer holds by then: ``NormalizeTransposePass`` (``aten.t``) and
@@ -320,8 +337,6 @@ def skip_idle_edge_passes() -> Iterator[list]:
     decisions: list = []
     patched = []
     for cls, idle in ((NormalizeTransposePass, _no_transpose_t), (ReplaceBrokenOpsWithFunctionalOpsPass, _no_view_ops)):
-        original = cls.__dict__.get("call")
-
         def call(self, graph_module, _cls=cls, _idle=idle):
             if _idle(graph_module):
                 decisions.append((_cls.__name__, True))
@@ -329,16 +344,9 @@ def skip_idle_edge_passes() -> Iterator[list]:
             decisions.append((_cls.__name__, False))
             return super(_cls, self).call(graph_module)
 
-        cls.call = call
-        patched.append((cls, original))
-    try:
+        patched.append((cls, call))
+    with _calls_replaced(patched):
         yield decisions
-    finally:
-        for cls, original in patched:
-            if original is None:
-                del cls.call
-            else:
-                cls.call = original
 
 
 def _holds_target(gm, target) -> bool:
@@ -381,13 +389,9 @@ def skip_unmatchable_patterns() -> Iterator[list]:
             finally:
                 setattr(_module, _getter, patterns)
 
-        cls.call = call
-        patched.append((cls, original))
-    try:
+        patched.append((cls, call))
+    with _calls_replaced(patched):
         yield decisions
-    finally:
-        for cls, original in patched:
-            cls.call = original
 
 
 @contextlib.contextmanager
