@@ -102,34 +102,33 @@ def load_eager_model(model_dir: Path, work_dir: Path, kv_cache: str | None = Non
     return model.eval()
 
 
-class _Rows:
-    """The output projection of some positions only (``torch.nn.Module``'s call, built lazily)."""
+def _row_projection(output, rows):
+    """A module giving ``output``'s projection of the positions ``rows`` only."""
+    import torch
 
-    def __new__(cls, output, rows):
-        import torch
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.output = output
+            self.register_buffer("rows", torch.tensor(list(rows), dtype=torch.long), persistent=False)
 
-        class Rows(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.output = output
-                self.register_buffer("rows", torch.tensor(list(rows), dtype=torch.long), persistent=False)
+        def forward(self, h):
+            return self.output(h[:, self.rows])
 
-            def forward(self, h):
-                return self.output(h[:, self.rows])
-
-        return Rows()
+    return Rows()
 
 
 def eager_logits(model, tokens: Sequence[int], rows: Sequence[int] | None = None):
     """float32 [len(tokens), vocab]: the logits at each position, one forward call from 0; with
-    ``rows``, [len(rows), vocab]: those positions' (the same values: each row is projected alone)."""
+    ``rows``, [len(rows), vocab]: those positions' (equal to the full call's rows on the Qwen build,
+    checked; a matrix library may sum a product of fewer rows in another order)."""
     import torch
 
     output = getattr(model, "output", None)
     if rows is not None:
         if output is None:
             raise ValueError("this model has no output projection to select rows for")
-        model.output = _Rows(output, rows)
+        model.output = _row_projection(output, rows)
     try:
         with torch.no_grad():
             out = model(torch.tensor([list(tokens)], dtype=torch.long), {"input_pos": torch.tensor([0])})
