@@ -24,7 +24,10 @@ the context fills (with and without ExecuTorch's LLM custom ops).
                        12k, 128, 128, 12k...), naming the CPU tier whose kernels ran (the host's
                        best, or a lower one forced by ETSERVE_ISA, e.g. avx2 on an AVX-512 host),
                        the int8-KV attention kernel and the host; the bound is the short step's
-                       bytes ÷ the long one's (a step reading at the memory bandwidth)
+                       bytes ÷ the long one's (a step reading at the memory bandwidth). On a host
+                       above AVX2 a second row, "(AVX2 tier)", measures the same in a worker
+                       whose CPUID is masked to AVX2 (ETSERVE_CPU_MASK=avx2: XNNPACK's kernels
+                       too), the tier an older box runs
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ FILL_CUSTOM = "decode by fill (custom ops)"
 FILL_PORTABLE = "decode by fill (portable ops)"
 VS_ET_KERNELS = "vs ExecuTorch kernels"
 FILL_12K = "decode at fill 12k (tier)"
+# The same on a host above AVX2, its CPUID masked to AVX2 (libcpu_mask.so): the tier an older
+# box runs, measured wherever the bench runs
+FILL_12K_AVX2 = "decode at fill 12k (AVX2 tier)"
 LONG_FILL = 12000
 
 
@@ -110,18 +116,25 @@ def tier_note(info: dict) -> str:
     return f"{info.get('isa', '?')} kernels, int8-KV attention: {info.get('attention', '?')}; host: {where}"
 
 
+def above_avx2(tier: str) -> bool:
+    """Whether machine.cpu_tier() names an x86 tier above AVX2 (AVX-512, AMX)."""
+    return "AVX-512" in tier or "AMX" in tier
+
+
 def fill_12k_row(directory: Path, steps: int, threads: int, rounds: int, results: dict,
-                 worker: Worker | None = None) -> Row:
+                 worker: Worker | None = None, cpu_mask: str | None = None) -> Row:
     """Decode tok/s at a 12,000-token fill ÷ at 128 in the bare native loop, the fills alternated
-    within one process (the cache prefilled once), the row naming the kernels' tier and the host."""
+    within one process (the cache prefilled once), the row naming the kernels' tier and the host;
+    with cpu_mask ("avx2"), in a worker whose CPUID is masked to it (FILL_12K_AVX2)."""
+    key = FILL_12K_AVX2 if cpu_mask == "avx2" else FILL_12K
     what = f"{label(directory)}: decode tok/s at fill {LONG_FILL:,} ÷ fill 128, bare native loop"
     if not is_built(directory):
-        return Row(FILL_12K, what, NOT_BUILT)
+        return Row(key, what, NOT_BUILT)
     ctx = model_json(directory, "etserve.json")["max_seq_len"]
     if ctx < LONG_FILL + steps + 1:
-        return Row(FILL_12K, what, f"{NOT_BUILT} (ctx {ctx}: needs a build holding {LONG_FILL + steps + 1:,} tokens)")
+        return Row(key, what, f"{NOT_BUILT} (ctx {ctx}: needs a build holding {LONG_FILL + steps + 1:,} tokens)")
     owned = worker is None
-    worker = worker or Worker("ours", directory, threads)
+    worker = worker or Worker("ours", directory, threads, cpu_mask)
     try:
         note = tier_note(worker.info)
         log(f"{label(directory)}: decode at fills 128 and {LONG_FILL} ({note})")
@@ -135,12 +148,12 @@ def fill_12k_row(directory: Path, steps: int, threads: int, rounds: int, results
     finally:
         if owned:
             worker.close()
-    results["fill_12k"] = {"tier": note, "decode": res}
+    results["fill_12k" + (f"_{cpu_mask}" if cpu_mask else "")] = {"tier": note, "decode": res}
     rate = {f: median([x["decode_tok_s"] for x in res if x["fill"] == f]) for f in (128, LONG_FILL)}
     cpu = {f: median([x["decode_tok_cpu_s"] for x in res if x["fill"] == f]) for f in (128, LONG_FILL)}
     half = steps // 2
     short, long = (bytes_per_token(directory, n + half) for n in (128, LONG_FILL))
-    return Row(FILL_12K, f"{what} ({note}; {steps} steps, median of {2 * rounds} each; the bound: the short step's "
+    return Row(key, f"{what} ({note}; {steps} steps, median of {2 * rounds} each; the bound: the short step's "
                "bytes ÷ the long one's; per CPU-second: tokens per second of the process's CPU time, which a "
                "busy host's time slicing does not stretch)",
                f"{rate[LONG_FILL]:.1f} / {rate[128]:.1f} (bound {short / 1e6:.0f} MB / {long / 1e6:.0f} MB = "
@@ -248,6 +261,8 @@ def default_section(args, bandwidth: float, results: dict) -> list[Row]:
                     nat / limit))
     rows.append(fill_row)
     rows.append(long_row)
+    if above_avx2(cpu_tier()):
+        rows.append(fill_12k_row(directory, args.steps, threads, args.long_rounds, results, cpu_mask="avx2"))
     rows.append(fill_rows(FILL_PORTABLE, f"{label(plain)} (no custom ops)", plain, args.fills, args.plain_steps, threads,
                           results))
     return rows

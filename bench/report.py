@@ -18,7 +18,8 @@ edited by hand.
 Sections (each module's docstring says how its rows are measured):
   bench/own.py      etserve against its own parts: HTTP overhead, ExecuTorch's runner and kernels,
                     saved sessions, /health under load, memory, bandwidth, decode by fill, decode at fill
-                    12k ÷ 128 naming the CPU tier that ran and the host
+                    12k ÷ 128 naming the CPU tier that ran and the host (on a host above AVX2, again
+                    with the CPUID masked to AVX2: the tier an older box runs; --only fill too)
   bench/versus.py   etserve against llama.cpp's server on the same model and threads: decode,
                     prefill, time to first token from 1k to 24k tokens, decode at fill 12k,
                     memory; bench/fim.py (fill-in-the-middle)
@@ -191,6 +192,9 @@ def main(argv=None) -> None:
             rows += own.smol_section(args, results)
     if args.only == "fill":
         rows.append(own.fill_12k_row(args.model_dir, args.steps, args.threads, args.long_rounds, results))
+        if not os.environ.get("ETSERVE_CPU_MASK") and own.above_avx2(cpu_tier()):  # and the AVX2 tier beside it
+            rows.append(own.fill_12k_row(args.model_dir, args.steps, args.threads, args.long_rounds, results,
+                                         cpu_mask="avx2"))
     if args.only == "big":
         rows += big.big_rows(args, results)
     if args.only in (None, "peer", "sharing", "speculation"):

@@ -19,11 +19,14 @@ class WorkerError(RuntimeError):
 CPU_MASK = ROOT / "native" / "build" / "libcpu_mask.so"
 
 
-def masked_env() -> dict[str, str]:
+def masked_env(mask: str | None = None) -> dict[str, str]:
     """This process's environment, with native/build/libcpu_mask.so preloaded when
-    ETSERVE_CPU_MASK asks for a smaller CPU (avx2, x86-64): the worker's every library (XNNPACK
-    too, which ETSERVE_ISA does not reach) then chooses its kernels as on that CPU."""
+    ETSERVE_CPU_MASK (or `mask`, which sets it) asks for a smaller CPU (avx2, x86-64): the
+    worker's every library (XNNPACK too, which ETSERVE_ISA does not reach) then chooses its
+    kernels as on that CPU."""
     env = dict(os.environ)
+    if mask:
+        env["ETSERVE_CPU_MASK"] = mask
     if env.get("ETSERVE_CPU_MASK"):
         if not CPU_MASK.exists():
             raise WorkerError(f"ETSERVE_CPU_MASK needs {CPU_MASK} (make -C native)")
@@ -36,14 +39,16 @@ class Worker:
     ExecuTorch's kernels through the wheel's pybinding, or ExecuTorch's LLM runner. The
     torch-linked kernels register into the same runtime library as ours, so each runtime
     gets its own process. Loads once (in the background until `info` is read), then
-    answers `call`s (JSON lines)."""
+    answers `call`s (JSON lines). cpu_mask ("avx2", "x86-64"): the process sees that smaller CPU
+    (masked_env)."""
 
-    def __init__(self, kind: str, model_dir: Path, threads: int):
+    def __init__(self, kind: str, model_dir: Path, threads: int, cpu_mask: str | None = None):
         self.kind = kind
         self.log = tempfile.NamedTemporaryFile(prefix=f"etserve-bench-{kind}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.runtimes", kind, str(model_dir), "--threads", str(threads)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=masked_env())
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env=masked_env(cpu_mask))
         self._info: dict | None = None
 
     @property

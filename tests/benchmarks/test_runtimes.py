@@ -23,3 +23,18 @@ def test_each_runtime_decodes_the_test_model(kind, model_dir):
         [out] = worker.call("decode", fills=[40], steps=4)
     assert out["fill"] == 40
     assert out["decode_tok_s"] > 0 and out["prefill_tok_s"] > 0
+
+
+def test_a_worker_masked_to_avx2_runs_the_avx2_kernels(model_dir):
+    """The bench's AVX2-tier rows on a bigger host (bench/own.py FILL_12K_AVX2): the worker's
+    CPUID is masked (native/build/libcpu_mask.so), so our library and XNNPACK choose as on an
+    AVX2-only CPU, and the worker says so."""
+    from bench.machine import cpu_tier
+
+    if "AVX2" not in cpu_tier():
+        pytest.skip(f"this CPU has no AVX2 tier ({cpu_tier()})")
+    with Worker("ours", model_dir, 1, cpu_mask="avx2") as worker:
+        assert worker.info["cpu_mask"] == "avx2"
+        assert worker.info["isa"] == "avx2", worker.info
+        [out] = worker.call("decode", fills=[40], steps=2)
+    assert out["decode_tok_s"] > 0
