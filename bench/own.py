@@ -261,7 +261,7 @@ def default_section(args, bandwidth: float, results: dict) -> list[Row]:
                     nat / limit))
     rows.append(fill_row)
     rows.append(long_row)
-    if above_avx2(cpu_tier()):
+    if above_avx2(cpu_tier()) and not os.environ.get("ETSERVE_CPU_MASK"):  # masked already: the row above is it
         rows.append(fill_12k_row(directory, args.steps, threads, args.long_rounds, results, cpu_mask="avx2"))
     rows.append(fill_rows(FILL_PORTABLE, f"{label(plain)} (no custom ops)", plain, args.fills, args.plain_steps, threads,
                           results))
