@@ -116,9 +116,12 @@ def tier_note(info: dict) -> str:
     return f"{info.get('isa', '?')} kernels, int8-KV attention: {info.get('attention', '?')}; host: {where}"
 
 
-def above_avx2(tier: str) -> bool:
-    """Whether machine.cpu_tier() names an x86 tier above AVX2 (AVX-512, AMX)."""
-    return "AVX-512" in tier or "AMX" in tier
+def avx2_row_wanted() -> bool:
+    """Whether to add FILL_12K_AVX2: the CPU has an x86 tier above AVX2 (AVX-512, AMX) and the
+    bench is not masked already (then FILL_12K is that row; /proc/cpuinfo, which cpu_tier reads,
+    names the host's tier all the same)."""
+    tier = cpu_tier()
+    return ("AVX-512" in tier or "AMX" in tier) and not os.environ.get("ETSERVE_CPU_MASK")
 
 
 def fill_12k_row(directory: Path, steps: int, threads: int, rounds: int, results: dict,
@@ -261,7 +264,7 @@ def default_section(args, bandwidth: float, results: dict) -> list[Row]:
                     nat / limit))
     rows.append(fill_row)
     rows.append(long_row)
-    if above_avx2(cpu_tier()) and not os.environ.get("ETSERVE_CPU_MASK"):  # masked already: the row above is it
+    if avx2_row_wanted():
         rows.append(fill_12k_row(directory, args.steps, threads, args.long_rounds, results, cpu_mask="avx2"))
     rows.append(fill_rows(FILL_PORTABLE, f"{label(plain)} (no custom ops)", plain, args.fills, args.plain_steps, threads,
                           results))

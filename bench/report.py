@@ -192,7 +192,7 @@ def main(argv=None) -> None:
             rows += own.smol_section(args, results)
     if args.only == "fill":
         rows.append(own.fill_12k_row(args.model_dir, args.steps, args.threads, args.long_rounds, results))
-        if not os.environ.get("ETSERVE_CPU_MASK") and own.above_avx2(cpu_tier()):  # and the AVX2 tier beside it
+        if own.avx2_row_wanted():  # and the AVX2 tier beside it
             rows.append(own.fill_12k_row(args.model_dir, args.steps, args.threads, args.long_rounds, results,
                                          cpu_mask="avx2"))
     if args.only == "big":
